@@ -1,0 +1,22 @@
+"""The benchmarked implementations, imported lazily so one that fails to import is skipped."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Implementation
+
+REGISTRY: dict[str, str] = {
+    "handwritten": "impls.handwritten:Handwritten",
+    "faststream": "impls.faststream_impl:FastStream",
+    "nats": "impls.nats_impl:Nats",
+    "streamsub": "impls.streamsub_impl:Streamsub",
+}
+BASELINE = "handwritten"
+
+
+def load(name: str) -> type[Implementation]:
+    """Import and return the implementation class registered as ``name``."""
+    module_name, _, attr = REGISTRY[name].partition(":")
+    cls: type[Implementation] = getattr(importlib.import_module(module_name), attr)
+    return cls

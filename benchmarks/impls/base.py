@@ -1,0 +1,388 @@
+"""The contract every benchmarked implementation follows, and the process plumbing.
+
+An implementation provides four coroutines:
+
+* ``reset()``    -- forget everything left over by an earlier round (the runner has
+  already sent FLUSHALL to redis; only non-redis peers need more);
+* ``setup()``    -- create what a round needs before anything is published (topics,
+  subscriptions, streams); runs in the orchestrating process, untimed;
+* ``publish(n, size)``   -- publish ``n`` stamped messages as fast as possible and
+  return the elapsed seconds (time until the server confirmed the last one);
+* ``consume(n, ready)``  -- subscribe, call ``ready()`` once messages published from
+  now on are sure to be delivered, receive and acknowledge all ``n`` messages
+  and return a :class:`ConsumeResult`.
+
+``publish`` and ``consume`` always run in freshly spawned interpreters
+(:func:`run_publish`, :func:`run_end_to_end`), so no implementation shares an
+event loop, a garbage collector or imported modules with another.
+
+Every message body is ``size`` bytes: a 16-byte header -- the publish wall-clock
+time (``time.time_ns()``, taken when the message is built, just before it is sent)
+and a sequence number -- then padding. The sequence number lets the consumer count
+*distinct* messages, so a redelivery is noticed instead of being counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import multiprocessing
+import queue
+import struct
+import time
+import traceback
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Event
+
+    from redis.asyncio import Redis
+
+HEADER = struct.Struct(">QQ")
+"""Publish time in ns since the epoch, then the message's sequence number."""
+
+MIN_SIZE = HEADER.size
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Env:
+    """Where the servers of this run listen. Picklable: it travels to child processes."""
+
+    redis_url: str
+    nats_url: str | None = None
+    nats_storage: str = "memory"
+
+
+@dataclasses.dataclass(slots=True)
+class ConsumeResult:
+    """What a consumer saw. Latencies are in ns, one per distinct message."""
+
+    latencies_ns: array[int]
+    first_publish_ns: int
+    last_ack_ns: int
+    deliveries: int
+    distinct: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublishResult:
+    n: int
+    elapsed_s: float
+
+    @property
+    def throughput(self) -> float:
+        return self.n / self.elapsed_s
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndToEndResult:
+    n: int
+    elapsed_s: float
+    """Time of the last ack minus the publish time of the first message."""
+    publisher_elapsed_s: float
+    latencies_ms: dict[str, float]
+    duplicates: int
+
+    @property
+    def throughput(self) -> float:
+        return self.n / self.elapsed_s
+
+
+class BenchmarkError(RuntimeError):
+    """A round failed: a child process crashed, timed out or lost messages."""
+
+
+# -- message stamping ------------------------------------------------------------------
+
+
+def padding(size: int) -> bytes:
+    if size < MIN_SIZE:
+        msg = f"message size must be at least {MIN_SIZE} bytes, got {size}"
+        raise ValueError(msg)
+    return b"x" * (size - MIN_SIZE)
+
+
+def stamp(seq: int, pad: bytes) -> bytes:
+    """A message body carrying the current wall-clock time and ``seq``."""
+    return HEADER.pack(time.time_ns(), seq) + pad
+
+
+class Receiver:
+    """Consumer-side bookkeeping: latencies, distinct count, first publish time."""
+
+    __slots__ = ("_seen", "deliveries", "distinct", "done", "first_publish_ns", "latencies", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._seen = bytearray(n)
+        self.deliveries = 0
+        self.distinct = 0
+        self.first_publish_ns = 0
+        self.latencies: array[int] = array("q")
+        self.done = asyncio.Event()
+
+    @property
+    def complete(self) -> bool:
+        return self.distinct >= self.n
+
+    def on_message(self, body: bytes) -> None:
+        """Record one delivered message body; call it where user code would handle it."""
+        now = time.time_ns()
+        published, seq = HEADER.unpack_from(body)
+        self.deliveries += 1
+        if self._seen[seq]:
+            return
+        self._seen[seq] = 1
+        self.distinct += 1
+        self.latencies.append(now - published)
+        if self.first_publish_ns == 0 or published < self.first_publish_ns:
+            self.first_publish_ns = published
+        if self.distinct >= self.n:
+            self.done.set()
+
+    def result(self, last_ack_ns: int) -> ConsumeResult:
+        return ConsumeResult(
+            latencies_ns=self.latencies,
+            first_publish_ns=self.first_publish_ns,
+            last_ack_ns=last_ack_ns,
+            deliveries=self.deliveries,
+            distinct=self.distinct,
+        )
+
+
+async def wait_until_all_acked(
+    client: Redis, *, poll_interval: float = 0.0005, timeout: float = 30.0
+) -> int:
+    """Wait until no consumer group of any stream in the database has pending entries.
+
+    For libraries that acknowledge after the handler returns, out of our sight: once
+    the consumer has *handled* every message, the moment the server's pending count
+    reaches zero is the moment of the last ack (within one poll). Returns that
+    moment as ``time.time_ns()``.
+    """
+    keys = [key async for key in client.scan_iter(_type="STREAM", count=1000)]
+    deadline = time.monotonic() + timeout
+    while True:
+        async with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.xinfo_groups(key)
+            replies: list[list[dict[Any, Any]]] = await pipe.execute()
+        pending = sum(int(group["pending"]) for groups in replies for group in groups)
+        if pending == 0:
+            return time.time_ns()
+        if time.monotonic() > deadline:
+            msg = f"{pending} messages still unacknowledged after {timeout}s"
+            raise BenchmarkError(msg)
+        await asyncio.sleep(poll_interval)
+
+
+# -- the implementation contract ------------------------------------------------------
+
+
+class Implementation(ABC):
+    """One messaging implementation under test."""
+
+    name: ClassVar[str]
+    max_messages: ClassVar[int | None] = None
+    """Cap on n for implementations too slow for the full count (``--no-cap`` lifts it)."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+
+    async def reset(self) -> None:  # noqa: B027 - optional hook
+        """Drop state a previous round left outside redis (redis itself is flushed)."""
+
+    async def setup(self) -> None:  # noqa: B027 - optional hook
+        """Create what a round needs (topics, groups...) before the timed part."""
+
+    @abstractmethod
+    async def publish(self, n: int, size: int) -> float:
+        """Publish n stamped messages of ``size`` bytes; return the elapsed seconds."""
+
+    @abstractmethod
+    async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
+        """Receive and ack n distinct messages; call ``ready`` once subscribed."""
+
+    async def publish_in_child(self, n: int, size: int, timeout: float) -> PublishResult:
+        """The publish scenario, in a fresh process."""
+        return await run_publish(self, n, size, timeout)
+
+    async def end_to_end(self, n: int, size: int, timeout: float) -> EndToEndResult:
+        """The end-to-end scenario: publisher and consumer in two concurrent processes."""
+        return await run_end_to_end(self, n, size, timeout)
+
+
+# -- child processes ------------------------------------------------------------------
+
+
+def _publisher_main(impl: Implementation, n: int, size: int, results: Queue[Any]) -> None:
+    try:
+        elapsed = asyncio.run(impl.publish(n, size))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+    else:
+        results.put(("ok", elapsed))
+
+
+def _consumer_main(
+    impl: Implementation, n: int, timeout: float, ready: Event, results: Queue[Any]
+) -> None:
+    try:
+        result = asyncio.run(asyncio.wait_for(impl.consume(n, ready.set), timeout))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+    else:
+        results.put(("ok", result))
+
+
+async def _wait_for(
+    what: str, proc: SpawnProcess, poll: Callable[[float], Any], deadline: float
+) -> Any:
+    """Poll ``poll(timeout)`` (blocking, run in a thread) until it returns non-None."""
+    while True:
+        got = await asyncio.to_thread(poll, 0.2)
+        if got is not None:
+            return got
+        if not proc.is_alive():
+            got = await asyncio.to_thread(poll, 1.0)  # it may have answered, then exited
+            if got is not None:
+                return got
+            msg = f"{what}: process exited with code {proc.exitcode} without a result"
+            raise BenchmarkError(msg)
+        if time.monotonic() > deadline:
+            msg = f"{what}: timed out"
+            raise BenchmarkError(msg)
+
+
+def _queue_poll(results: Queue[Any]) -> Callable[[float], Any]:
+    def poll(timeout: float) -> Any:
+        try:
+            return results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    return poll
+
+
+def _ready_poll(ready: Event, results: Queue[Any]) -> Callable[[float], Any]:
+    """Poll for the consumer's ready signal, or for its error report if it failed first."""
+
+    def poll(timeout: float) -> Any:
+        if ready.wait(timeout):
+            return ("ready", None)
+        try:
+            return ("reply", results.get_nowait())
+        except queue.Empty:
+            return None
+
+    return poll
+
+
+def _unwrap(what: str, reply: tuple[str, Any]) -> Any:
+    status, value = reply
+    if status != "ok":
+        msg = f"{what} failed:\n{value}"
+        raise BenchmarkError(msg)
+    return value
+
+
+def _stop(proc: SpawnProcess) -> None:
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+    with contextlib.suppress(ValueError):
+        proc.close()
+
+
+async def run_publish(impl: Implementation, n: int, size: int, timeout: float) -> PublishResult:
+    results: Queue[Any] = _SPAWN.Queue()
+    proc = _SPAWN.Process(
+        target=_publisher_main, args=(impl, n, size, results), name=f"{impl.name}-publisher"
+    )
+    proc.start()
+    try:
+        deadline = time.monotonic() + timeout
+        reply = await _wait_for("publisher", proc, _queue_poll(results), deadline)
+        elapsed: float = _unwrap("publisher", reply)
+    finally:
+        _stop(proc)
+    return PublishResult(n=n, elapsed_s=elapsed)
+
+
+async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float) -> EndToEndResult:
+    ready = _SPAWN.Event()
+    consumer_results: Queue[Any] = _SPAWN.Queue()
+    publisher_results: Queue[Any] = _SPAWN.Queue()
+    consumer = _SPAWN.Process(
+        target=_consumer_main,
+        args=(impl, n, timeout, ready, consumer_results),
+        name=f"{impl.name}-consumer",
+    )
+    publisher = _SPAWN.Process(
+        target=_publisher_main,
+        args=(impl, n, size, publisher_results),
+        name=f"{impl.name}-publisher",
+    )
+    deadline = time.monotonic() + timeout + 30.0  # + startup of two interpreters
+    consumer.start()
+    try:
+        kind, reply = await _wait_for(
+            "consumer start", consumer, _ready_poll(ready, consumer_results), deadline
+        )
+        if kind == "reply":  # it answered without signalling ready: an error
+            _unwrap("consumer", reply)
+            msg = "consumer returned before signalling ready"
+            raise BenchmarkError(msg)
+        publisher.start()
+        try:
+            reply = await _wait_for(
+                "publisher", publisher, _queue_poll(publisher_results), deadline
+            )
+            publisher_elapsed: float = _unwrap("publisher", reply)
+            reply = await _wait_for("consumer", consumer, _queue_poll(consumer_results), deadline)
+            result: ConsumeResult = _unwrap("consumer", reply)
+        finally:
+            _stop(publisher)
+    finally:
+        _stop(consumer)
+
+    if result.distinct != n:
+        msg = f"consumer saw {result.distinct} distinct messages, expected {n}"
+        raise BenchmarkError(msg)
+    elapsed = (result.last_ack_ns - result.first_publish_ns) / 1e9
+    return EndToEndResult(
+        n=n,
+        elapsed_s=elapsed,
+        publisher_elapsed_s=publisher_elapsed,
+        latencies_ms=latency_summary(result.latencies_ns),
+        duplicates=result.deliveries - result.distinct,
+    )
+
+
+def latency_summary(latencies_ns: array[int]) -> dict[str, float]:
+    """Percentiles (nearest rank) and mean of ns latencies, in milliseconds."""
+    ordered = sorted(latencies_ns)
+    count = len(ordered)
+
+    def pct(p: float) -> float:
+        rank = min(count - 1, max(0, round(p / 100 * count) - 1))
+        return ordered[rank] / 1e6
+
+    return {
+        "min": ordered[0] / 1e6,
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "p99.9": pct(99.9),
+        "max": ordered[-1] / 1e6,
+        "mean": sum(ordered) / count / 1e6,
+    }

@@ -1,0 +1,68 @@
+"""The baseline: the simplest realistic redis-py asyncio loop a user would write.
+
+One stream, one consumer group, one consumer. Publishing pipelines XADD in chunks
+of 200 (``transaction=False``); consuming loops ``XREADGROUP COUNT 500 BLOCK 1000``
+and sends one XACK per batch with all of the batch's ids. redis-py uses hiredis
+for parsing when it is installed (it is, via ``redis[hiredis]``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from .base import ConsumeResult, Implementation, Receiver, padding, stamp
+
+STREAM = "bench"
+GROUP = "bench-group"
+CONSUMER = "consumer-1"
+FIELD = b"d"
+PUBLISH_CHUNK = 200
+READ_COUNT = 500
+BLOCK_MS = 1000
+
+
+class Handwritten(Implementation):
+    name = "handwritten"
+
+    async def publish(self, n: int, size: int) -> float:
+        pad = padding(size)
+        client = Redis.from_url(self.env.redis_url)
+        try:
+            await client.ping()
+            start = time.perf_counter()
+            for base in range(0, n, PUBLISH_CHUNK):
+                pipe = client.pipeline(transaction=False)
+                for seq in range(base, min(base + PUBLISH_CHUNK, n)):
+                    pipe.xadd(STREAM, {FIELD: stamp(seq, pad)})
+                await pipe.execute()
+            return time.perf_counter() - start
+        finally:
+            await client.aclose()
+
+    async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
+        client = Redis.from_url(self.env.redis_url)
+        try:
+            try:
+                await client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            ready()
+            receiver = Receiver(n)
+            while not receiver.complete:
+                reply = await client.xreadgroup(
+                    GROUP, CONSUMER, {STREAM: ">"}, count=READ_COUNT, block=BLOCK_MS
+                )
+                for _stream, entries in reply or ():
+                    ids = []
+                    for entry_id, fields in entries:
+                        receiver.on_message(fields[FIELD])
+                        ids.append(entry_id)
+                    await client.xack(STREAM, GROUP, *ids)
+            return receiver.result(last_ack_ns=time.time_ns())
+        finally:
+            await client.aclose()

@@ -1,0 +1,95 @@
+"""NATS JetStream through nats-py: the non-redis peer.
+
+A stream ``BENCH`` on subject ``bench.events`` (memory storage by default, to match
+a redis-server that persists nothing; ``--nats-storage file`` for JetStream's
+default). Publishing uses ``js.publish_async`` -- nats-py's pipelined publish,
+which keeps up to 4000 un-acked publishes in flight -- and then waits for every
+PubAck, so the elapsed time covers the server having stored every message.
+Consuming: a durable pull consumer with explicit acks, ``fetch(500)`` in a loop
+and ``msg.ack()`` for each message; a final flush makes sure the last acks have
+reached the server before the clock stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import nats
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
+from nats.js.errors import NotFoundError
+
+from .base import ConsumeResult, Implementation, Receiver, padding, stamp
+
+STREAM = "BENCH"
+SUBJECT = "bench.events"
+DURABLE = "bench-consumer"
+FETCH_BATCH = 500
+FETCH_TIMEOUT_S = 1.0
+
+
+class Nats(Implementation):
+    name = "nats"
+
+    async def _connect(self) -> Client:
+        if self.env.nats_url is None:
+            msg = "no nats-server in this run"
+            raise RuntimeError(msg)
+        return await nats.connect(self.env.nats_url, allow_reconnect=False)
+
+    async def reset(self) -> None:
+        nc = await self._connect()
+        try:
+            with contextlib.suppress(NotFoundError):
+                await nc.jetstream().delete_stream(STREAM)
+        finally:
+            await nc.close()
+
+    async def setup(self) -> None:
+        nc = await self._connect()
+        try:
+            storage = StorageType(self.env.nats_storage)
+            await nc.jetstream().add_stream(name=STREAM, subjects=[SUBJECT], storage=storage)
+        finally:
+            await nc.close()
+
+    async def publish(self, n: int, size: int) -> float:
+        pad = padding(size)
+        nc = await self._connect()
+        try:
+            js = nc.jetstream()
+            await nc.flush()
+            start = time.perf_counter()
+            acks = [await js.publish_async(SUBJECT, stamp(seq, pad)) for seq in range(n)]
+            await asyncio.gather(*acks)  # raises if the server refused any message
+            return time.perf_counter() - start
+        finally:
+            await nc.close()
+
+    async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
+        nc = await self._connect()
+        try:
+            js = nc.jetstream()
+            config = ConsumerConfig(
+                durable_name=DURABLE,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+            )
+            sub = await js.pull_subscribe(SUBJECT, durable=DURABLE, stream=STREAM, config=config)
+            ready()
+            receiver = Receiver(n)
+            while not receiver.complete:
+                try:
+                    msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
+                except TimeoutError:  # nats-py raises asyncio's or its own subclass
+                    continue
+                for msg in msgs:
+                    receiver.on_message(msg.data)
+                    await msg.ack()
+            await nc.flush()
+            return receiver.result(last_ack_ns=time.time_ns())
+        finally:
+            await nc.close()

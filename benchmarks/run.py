@@ -1,0 +1,399 @@
+"""Benchmark streamsub against a hand-written redis-py loop, FastStream and NATS JetStream.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/run.py [--messages N] [--rounds R] [--size BYTES]
+                                       [--only name,name] [--json out.json]
+
+One run starts one private redis-server (and one nats-server for the NATS peer),
+runs every scenario ``--rounds`` times with the implementations interleaved
+round-robin, and reports medians and ratios against the hand-written loop. See
+benchmarks/README.md for what each implementation does and the fairness rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_SRC = BENCH_DIR.parent / "src"
+# Benchmark the working tree's streamsub, installed or not. Spawned children
+# inherit sys.path, so they import the same code.
+for entry in (str(BENCH_DIR), str(REPO_SRC)):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+import redis.asyncio as aioredis  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import servers  # noqa: E402
+from impls import BASELINE, REGISTRY, load  # noqa: E402
+from impls.base import (  # noqa: E402
+    MIN_SIZE,
+    EndToEndResult,
+    Env,
+    Implementation,
+    PublishResult,
+)
+
+SCENARIOS = ("publish", "e2e")
+SCENARIO_TITLES = {
+    "publish": "publish: one process publishes n messages (n / elapsed)",
+    "e2e": "end to end: publisher and consumer processes run concurrently "
+    "(n / (last ack - first publish))",
+}
+
+
+@dataclasses.dataclass
+class Round:
+    round: int
+    position: int
+    n: int
+    elapsed_s: float
+    throughput: float
+    publisher_elapsed_s: float | None = None
+    latencies_ms: dict[str, float] | None = None
+    duplicates: int | None = None
+
+
+@dataclasses.dataclass
+class Series:
+    """All rounds of one implementation in one scenario."""
+
+    rounds: list[Round] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def median_throughput(self) -> float | None:
+        return statistics.median(r.throughput for r in self.rounds) if self.rounds else None
+
+    def median_latency(self, key: str) -> float | None:
+        values = [r.latencies_ms[key] for r in self.rounds if r.latencies_ms]
+        return statistics.median(values) if values else None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000, help="messages per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario")
+    parser.add_argument("--size", type=int, default=100, help="message body size in bytes")
+    parser.add_argument(
+        "--only",
+        type=lambda s: [name.strip() for name in s.split(",") if name.strip()],
+        default=list(REGISTRY),
+        help=f"comma-separated implementations (default: all of {','.join(REGISTRY)})",
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=lambda s: [name.strip() for name in s.split(",") if name.strip()],
+        default=list(SCENARIOS),
+        help="comma-separated scenarios (default: publish,e2e)",
+    )
+    parser.add_argument("--json", type=Path, help="write every raw figure to this file")
+    parser.add_argument(
+        "--no-cap",
+        action="store_true",
+        help="give every implementation the full --messages (FastStream is capped otherwise)",
+    )
+    parser.add_argument(
+        "--nats-storage",
+        choices=("memory", "file"),
+        default="memory",
+        help="JetStream storage (default memory, like a redis-server that saves nothing)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds allowed for one round of one impl"
+    )
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.only if name not in REGISTRY]
+    if unknown:
+        parser.error(f"unknown implementation(s) {unknown}; choose from {list(REGISTRY)}")
+    bad = [name for name in args.scenarios if name not in SCENARIOS]
+    if bad:
+        parser.error(f"unknown scenario(s) {bad}; choose from {list(SCENARIOS)}")
+    if args.size < MIN_SIZE:
+        parser.error(f"--size must be at least {MIN_SIZE} (the timestamp header)")
+    if args.messages < 1 or args.rounds < 1:
+        parser.error("--messages and --rounds must be positive")
+    return args
+
+
+def load_implementations(
+    names: list[str],
+) -> tuple[dict[str, type[Implementation]], dict[str, str]]:
+    """Import each implementation; one that fails to import is skipped with its reason."""
+    loaded: dict[str, type[Implementation]] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            loaded[name] = load(name)
+        except Exception as exc:  # an impl under construction may fail in any way
+            skipped[name] = f"import failed: {type(exc).__name__}: {exc}"
+    return loaded, skipped
+
+
+def short_error(exc: BaseException) -> str:
+    """The last meaningful line(s) of an error, which may carry a child's traceback."""
+    text = str(exc) or type(exc).__name__
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" + (
+        f" ... {lines[-1].strip()}" if len(lines) > 1 else ""
+    )
+
+
+async def run_round(
+    impl: Implementation, scenario: str, n: int, size: int, timeout: float, admin: aioredis.Redis
+) -> PublishResult | EndToEndResult:
+    await admin.flushall()
+    await impl.reset()
+    await impl.setup()
+    if scenario == "publish":
+        return await impl.publish_in_child(n, size, timeout)
+    return await impl.end_to_end(n, size, timeout)
+
+
+def describe(result: PublishResult | EndToEndResult) -> str:
+    text = f"{result.throughput:>12,.0f} msgs/s  ({result.elapsed_s:.2f}s)"
+    if isinstance(result, EndToEndResult):
+        lat = result.latencies_ms
+        text += (
+            f"  p50 {lat['p50']:.1f} ms  p99 {lat['p99']:.1f} ms"
+            f"  (publisher {result.n / result.publisher_elapsed_s:,.0f} msgs/s)"
+        )
+        if result.duplicates:
+            text += f"  {result.duplicates} redeliveries"
+    return text
+
+
+async def run_scenarios(
+    impls: dict[str, Implementation],
+    counts: dict[str, int],
+    args: argparse.Namespace,
+    admin: aioredis.Redis,
+) -> dict[str, dict[str, Series]]:
+    results: dict[str, dict[str, Series]] = {}
+    names = list(impls)
+    for scenario in args.scenarios:
+        series = {name: Series() for name in names}
+        results[scenario] = series
+        for round_no in range(args.rounds):
+            # Round-robin, rotated each round so no implementation always runs first.
+            shift = round_no % len(names)
+            order = names[shift:] + names[:shift]
+            for position, name in enumerate(order):
+                if series[name].error is not None:
+                    continue
+                label = f"[{scenario} {round_no + 1}/{args.rounds}] {name:<12} n={counts[name]:<7}"
+                print(label, end=" ", flush=True)
+                started = time.monotonic()
+                try:
+                    result = await run_round(
+                        impls[name], scenario, counts[name], args.size, args.timeout, admin
+                    )
+                except Exception as exc:
+                    series[name].error = "".join(traceback.format_exception(exc)).strip()
+                    print(f"FAILED after {time.monotonic() - started:.1f}s: {short_error(exc)}")
+                    print(f"{'':>{len(label)}} (no further {scenario} rounds for {name})")
+                    continue
+                print(describe(result))
+                series[name].rounds.append(make_round(round_no, position, result))
+    return results
+
+
+def make_round(round_no: int, position: int, result: PublishResult | EndToEndResult) -> Round:
+    entry = Round(
+        round=round_no + 1,
+        position=position,
+        n=result.n,
+        elapsed_s=result.elapsed_s,
+        throughput=result.throughput,
+    )
+    if isinstance(result, EndToEndResult):
+        entry.publisher_elapsed_s = result.publisher_elapsed_s
+        entry.latencies_ms = result.latencies_ms
+        entry.duplicates = result.duplicates
+    return entry
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def report(console: Console, results: dict[str, dict[str, Series]], counts: dict[str, int]) -> None:
+    for scenario, by_impl in results.items():
+        baseline = by_impl.get(BASELINE)
+        base_tp = baseline.median_throughput if baseline else None
+        is_e2e = scenario == "e2e"
+        table = Table(title=SCENARIO_TITLES[scenario], title_justify="left")
+        table.add_column("implementation")
+        table.add_column("n", justify="right")
+        table.add_column("median msgs/s", justify="right")
+        table.add_column(f"vs {BASELINE}", justify="right")
+        if is_e2e:
+            table.add_column("p50 ms", justify="right")
+            table.add_column("p99 ms", justify="right")
+        for name, series in by_impl.items():
+            tp = series.median_throughput
+            ratio = tp / base_tp if tp is not None and base_tp else None
+            row = [
+                name,
+                f"{counts[name]:,}",
+                fmt(tp, ",.0f") if tp is not None or not series.error else "failed",
+                fmt(ratio, ".2f") + ("x" if ratio is not None else ""),
+            ]
+            if is_e2e:
+                row += [
+                    fmt(series.median_latency("p50"), ".1f"),
+                    fmt(series.median_latency("p99"), ".1f"),
+                ]
+            table.add_row(*row)
+        console.print()
+        console.print(table)
+        for name, series in by_impl.items():
+            values = " · ".join(f"{r.throughput:,.0f}" for r in series.rounds) or "—"
+            line = f"  {name:<12} rounds: {values} msgs/s"
+            if is_e2e and series.rounds:
+                lat = " · ".join(
+                    f"{r.latencies_ms['p50']:.1f}/{r.latencies_ms['p99']:.1f}"
+                    for r in series.rounds
+                    if r.latencies_ms
+                )
+                line += f"   p50/p99 ms: {lat}"
+            if series.error:
+                line += (
+                    "   (failed; see --json for the traceback)" if series.rounds else "   failed"
+                )
+            console.print(line, markup=False, highlight=False)
+
+
+def to_json(
+    args: argparse.Namespace,
+    env: Env,
+    counts: dict[str, int],
+    skipped: dict[str, str],
+    versions: dict[str, str],
+    results: dict[str, dict[str, Series]],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": {
+            "messages": args.messages,
+            "rounds": args.rounds,
+            "size": args.size,
+            "only": args.only,
+            "scenarios": args.scenarios,
+            "no_cap": args.no_cap,
+            "nats_storage": env.nats_storage,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": os.getloadavg(),
+            "python": sys.version,
+            "platform": platform.platform(),
+        },
+        "servers": versions,
+        "messages_per_impl": counts,
+        "skipped": skipped,
+        "baseline": BASELINE,
+        "scenarios": {},
+    }
+    for scenario, by_impl in results.items():
+        base = by_impl.get(BASELINE)
+        base_tp = base.median_throughput if base else None
+        out["scenarios"][scenario] = {
+            name: {
+                "median_throughput": series.median_throughput,
+                "ratio_vs_baseline": (
+                    series.median_throughput / base_tp
+                    if series.median_throughput is not None and base_tp
+                    else None
+                ),
+                "median_p50_ms": series.median_latency("p50"),
+                "median_p99_ms": series.median_latency("p99"),
+                "rounds": [dataclasses.asdict(r) for r in series.rounds],
+                "error": series.error,
+            }
+            for name, series in by_impl.items()
+        }
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    classes, skipped = load_implementations(args.only)
+
+    redis_path = servers.find_binary("redis-server")
+    if redis_path is None:
+        print("redis-server not found; nothing can run", file=sys.stderr)
+        return 2
+    nats_path = servers.find_binary("nats-server") if "nats" in classes else None
+    if "nats" in classes and nats_path is None:
+        del classes["nats"]
+        skipped["nats"] = "nats-server not found (looked on PATH and in /usr/sbin)"
+
+    for name, reason in skipped.items():
+        print(f"NOTE: skipping {name}: {reason}")
+    if not classes:
+        print("no implementation left to run", file=sys.stderr)
+        return 2
+
+    versions = {"redis-server": servers.server_version(redis_path)}
+    if nats_path is not None:
+        versions["nats-server"] = servers.server_version(nats_path)
+
+    with contextlib.ExitStack() as stack:
+        redis_url = stack.enter_context(servers.redis_server(redis_path))
+        nats_url = stack.enter_context(servers.nats_server(nats_path)) if nats_path else None
+        env = Env(redis_url=redis_url, nats_url=nats_url, nats_storage=args.nats_storage)
+        impls = {name: cls(env) for name, cls in classes.items()}
+        counts = {
+            name: args.messages
+            if args.no_cap or cls.max_messages is None
+            else min(args.messages, cls.max_messages)
+            for name, cls in classes.items()
+        }
+
+        print(f"redis: {redis_url} ({versions['redis-server']})")
+        if nats_url:
+            print(f"nats:  {nats_url} ({versions['nats-server']}, {args.nats_storage} storage)")
+        print(
+            f"{args.rounds} round(s), {args.size}-byte messages, {os.cpu_count()} cpus, "
+            f"load {os.getloadavg()[0]:.2f}; messages per round: "
+            + ", ".join(f"{name}={count:,}" for name, count in counts.items())
+        )
+
+        admin = aioredis.Redis.from_url(redis_url)
+        try:
+            results = await run_scenarios(impls, counts, args, admin)
+        finally:
+            await admin.aclose()
+
+    report(console, results, counts)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        data = to_json(args, env, counts, skipped, versions, results)
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"\nraw figures written to {args.json}")
+    failed = any(series.error for by_impl in results.values() for series in by_impl.values())
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(main_async(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""RedisBackend: the backend protocol on one Redis server (6.2 or newer).
+
+Redis errors become streamsub errors here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+
+from ..._errors import BackendError, UnavailableError
+from ..base import Entry, GroupInfo, SubscriptionRecord, TopicRecord
+from . import _keys
+
+__all__ = ["RedisBackend"]
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("scripts", name).read_text()
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.username:
+        netloc = f"{parts.username}:***@{netloc}"
+    else:
+        netloc = f":***@{netloc}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class _Script:
+    """A Lua script called by EVALSHA, loaded again when the server lost it."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha: str | None = None
+
+    async def load(self, client: aioredis.Redis) -> str:
+        self.sha = str(await client.script_load(self.source))
+        return self.sha
+
+
+class RedisBackend:
+    """The backend on a standalone Redis server, reached by ``url``."""
+
+    def __init__(self, url: str, *, max_connections: int = 64) -> None:
+        self._url = url
+        try:
+            self._redis = aioredis.Redis.from_url(
+                url,
+                decode_responses=False,
+                max_connections=max_connections,
+                socket_connect_timeout=5.0,
+                health_check_interval=30,
+            )
+        except ValueError as exc:
+            raise UnavailableError(
+                f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
+                "rediss://... for TLS or unix:///path/to/redis.sock"
+            ) from exc
+        self._append = _Script(_script("append.lua"))
+        self._create_record = _Script(_script("create_record.lua"))
+        self._set_idle = _Script(_script("extend.lua"))
+        self._reclaim = _Script(_script("reclaim.lua"))
+        self._stream_keys: dict[tuple[str, int], list[str]] = {}
+        self._partition_of: dict[bytes, int] = {}
+
+    @property
+    def url(self) -> str:
+        return redact(self._url)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+                raise UnavailableError(
+                    f"Redis at {self.url} refused the credentials: {exc}; check the user and "
+                    "password in the URL (redis://user:password@host:port/db)"
+                ) from exc
+            raise UnavailableError(
+                f"cannot reach Redis at {self.url}: {exc}; check that the server runs "
+                "(`streamsub dev-server` starts one) and that STREAMSUB_URL or the URL is right"
+            ) from exc
+        except rexc.RedisError as exc:
+            raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
+
+    def _keys(self, topic: TopicRecord) -> list[str]:
+        cache_key = (topic.name, topic.partitions)
+        keys = self._stream_keys.get(cache_key)
+        if keys is None:
+            keys = [_keys.stream_key(topic.name, p) for p in range(topic.partitions)]
+            self._stream_keys[cache_key] = keys
+            for partition, key in enumerate(keys):
+                self._partition_of[key.encode()] = partition
+        return keys
+
+    async def _evalsha(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        sha = script.sha or await script.load(self._redis)
+        try:
+            return await self._redis.evalsha(sha, len(keys), *keys, *args)
+        except rexc.NoScriptError:
+            sha = await script.load(self._redis)
+            return await self._redis.evalsha(sha, len(keys), *keys, *args)
+
+    async def ping(self) -> None:
+        with self._errors():
+            await self._redis.ping()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    # --- records ---------------------------------------------------------------
+    async def _create(self, key: str, registry: str, name: str, fields: dict[str, str]) -> Any:
+        flat = [item for pair in fields.items() for item in pair]
+        with self._errors():
+            existing = await self._evalsha(self._create_record, [key], flat)
+            await self._redis.sadd(registry, name)
+        return existing
+
+    async def _get(self, key: str) -> dict[str, str] | None:
+        with self._errors():
+            raw = await self._redis.hgetall(key)
+        if not raw:
+            return None
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def _list(self, registry: str) -> list[dict[str, str]]:
+        with self._errors():
+            names = sorted(n.decode() for n in await self._redis.smembers(registry))
+            prefix = _keys.topic_key if registry == _keys.TOPICS else _keys.subscription_key
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hgetall(prefix(name))
+                raws = await pipe.execute()
+        return [{k.decode(): v.decode() for k, v in raw.items()} for raw in raws if raw]
+
+    @staticmethod
+    def _pairs(flat: Sequence[bytes]) -> dict[str, str]:
+        return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+
+    # --- topics ----------------------------------------------------------------
+    @staticmethod
+    def _topic_fields(record: TopicRecord) -> dict[str, str]:
+        return {
+            "name": record.name,
+            "partitions": str(record.partitions),
+            "layout": record.layout,
+            "created": repr(record.created),
+        }
+
+    @staticmethod
+    def _topic(fields: Mapping[str, str]) -> TopicRecord:
+        return TopicRecord(
+            name=fields["name"],
+            partitions=int(fields["partitions"]),
+            layout=fields["layout"],
+            created=float(fields["created"]),
+        )
+
+    async def create_topic(self, record: TopicRecord) -> TopicRecord:
+        record = TopicRecord(record.name, record.partitions, _keys.LAYOUT, record.created)
+        existing = await self._create(
+            _keys.topic_key(record.name), _keys.TOPICS, record.name, self._topic_fields(record)
+        )
+        return record if existing is None else self._topic(self._pairs(existing))
+
+    async def get_topic(self, name: str) -> TopicRecord | None:
+        fields = await self._get(_keys.topic_key(name))
+        return None if fields is None else self._topic(fields)
+
+    async def list_topics(self) -> list[TopicRecord]:
+        return [self._topic(f) for f in await self._list(_keys.TOPICS)]
+
+    async def delete_topic(self, record: TopicRecord) -> None:
+        with self._errors():
+            await self._redis.delete(*self._keys(record), _keys.topic_key(record.name))
+            await self._redis.srem(_keys.TOPICS, record.name)
+
+    # --- subscriptions ---------------------------------------------------------
+    @staticmethod
+    def _subscription(fields: Mapping[str, str]) -> SubscriptionRecord:
+        return SubscriptionRecord(
+            name=fields["name"],
+            topic=fields["topic"],
+            created=float(fields["created"]),
+            settings=json.loads(fields["settings"]),
+        )
+
+    async def create_subscription(
+        self, record: SubscriptionRecord, topic: TopicRecord, start_id: str
+    ) -> SubscriptionRecord:
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self._keys(topic):
+                    pipe.xgroup_create(key, record.name, id=start_id, mkstream=True)
+                results = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, Exception) and not str(result).startswith("BUSYGROUP"):
+                with self._errors():
+                    raise result
+        fields = {
+            "name": record.name,
+            "topic": record.topic,
+            "created": repr(record.created),
+            "settings": json.dumps(dict(record.settings), sort_keys=True),
+        }
+        existing = await self._create(
+            _keys.subscription_key(record.name), _keys.SUBSCRIPTIONS, record.name, fields
+        )
+        return record if existing is None else self._subscription(self._pairs(existing))
+
+    async def get_subscription(self, name: str) -> SubscriptionRecord | None:
+        fields = await self._get(_keys.subscription_key(name))
+        return None if fields is None else self._subscription(fields)
+
+    async def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionRecord]:
+        records = [self._subscription(f) for f in await self._list(_keys.SUBSCRIPTIONS)]
+        return [r for r in records if topic is None or r.topic == topic]
+
+    async def delete_subscription(self, record: SubscriptionRecord, topic: TopicRecord) -> None:
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self._keys(topic):
+                    pipe.xgroup_destroy(key, record.name)
+                pipe.delete(_keys.subscription_key(record.name))
+                pipe.srem(_keys.SUBSCRIPTIONS, record.name)
+                await pipe.execute(raise_on_error=False)
+
+    async def group_info(self, topic: TopicRecord, group: str) -> list[GroupInfo]:
+        keys = self._keys(topic)
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.xlen(key)
+                    pipe.xinfo_groups(key)
+                results = await pipe.execute(raise_on_error=False)
+        infos = []
+        for partition in range(len(keys)):
+            length, groups = results[2 * partition], results[2 * partition + 1]
+            if isinstance(length, Exception) or isinstance(groups, Exception):
+                continue
+            for g in groups:
+                name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+                if name != group:
+                    continue
+                last = g["last-delivered-id"]
+                infos.append(
+                    GroupInfo(
+                        partition=partition,
+                        length=int(length),
+                        pending=int(g["pending"]),
+                        last_delivered_id=last.decode() if isinstance(last, bytes) else last,
+                        lag=None if g.get("lag") is None else int(g["lag"]),
+                        consumers=int(g["consumers"]),
+                    )
+                )
+        return infos
+
+    # --- data ------------------------------------------------------------------
+    async def append(
+        self, topic: TopicRecord, batch: Mapping[int, Sequence[Sequence[bytes]]]
+    ) -> dict[int, list[str]]:
+        keys = self._keys(topic)
+        calls: list[tuple[int, Sequence[str], Sequence[Any]]] = []
+        for partition, messages in batch.items():
+            args: list[Any] = []
+            for fields in messages:
+                args.append(len(fields))
+                args.extend(fields)
+            calls.append((partition, [keys[partition]], args))
+        with self._errors():
+            if len(calls) == 1:
+                partition, one_key, args = calls[0]
+                results = [await self._evalsha(self._append, one_key, args)]
+            else:
+                results = await self._evalsha_many(self._append, calls)
+        return {c[0]: [i.decode() for i in ids] for c, ids in zip(calls, results, strict=True)}
+
+    async def _evalsha_many(
+        self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run ``script`` once per (partition, keys, args) call in one round trip.
+
+        A call that failed with NOSCRIPT did not run, so only those run again,
+        after the script is loaded: nothing runs twice.
+        """
+        sha = script.sha or await script.load(self._redis)
+        todo = list(range(len(calls)))
+        results: list[Any] = [None] * len(calls)
+        for _ in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for i in todo:
+                    _, keys, args = calls[i]
+                    pipe.evalsha(sha, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, rexc.NoScriptError):
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = reply
+            if not missing:
+                return results
+            todo = missing
+            sha = await script.load(self._redis)
+        raise BackendError(f"Redis at {self.url} keeps losing its scripts")
+
+    async def read(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        partitions: Sequence[int],
+        count: int,
+        block_ms: int,
+    ) -> list[Entry]:
+        keys = self._keys(topic)
+        streams = {keys[p]: ">" for p in partitions}
+        with self._errors():
+            reply = await self._redis.xreadgroup(
+                group, consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+            )
+        entries: list[Entry] = []
+        if not reply:
+            return entries
+        partition_of = self._partition_of
+        for key, items in reply:
+            partition = partition_of[key]
+            for entry_id, fields in items:
+                entries.append(Entry(partition, entry_id.decode(), fields, 1))
+        return entries
+
+    async def ack(self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]) -> int:
+        keys = self._keys(topic)
+        with self._errors():
+            if len(ids) == 1:
+                ((partition, entry_ids),) = ids.items()
+                return int(await self._redis.xack(keys[partition], group, *entry_ids))
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for partition, entry_ids in ids.items():
+                    pipe.xack(keys[partition], group, *entry_ids)
+                return sum(int(n) for n in await pipe.execute())
+
+    async def set_idle(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        ids: Mapping[int, Sequence[str]],
+        idle_ms: int,
+    ) -> dict[int, list[str]]:
+        keys = self._keys(topic)
+        calls = [(p, [keys[p]], [group, consumer, idle_ms, *entry_ids]) for p, entry_ids in ids.items()]
+        with self._errors():
+            replies = await self._evalsha_many(self._set_idle, calls)
+        return {p: [i.decode() for i in reply] for (p, _, _), reply in zip(calls, replies, strict=True)}
+
+    async def reclaim(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        cursors: Mapping[int, str],
+        min_idle_ms: int,
+        count: int,
+    ) -> tuple[list[Entry], dict[int, str], dict[int, list[str]]]:
+        keys = self._keys(topic)
+        calls = [
+            (p, [keys[p]], [group, consumer, min_idle_ms, cursor, count])
+            for p, cursor in cursors.items()
+        ]
+        with self._errors():
+            replies = await self._evalsha_many(self._reclaim, calls)
+        entries: list[Entry] = []
+        next_cursors: dict[int, str] = {}
+        lost: dict[int, list[str]] = {}
+        for (partition, _, _), (cursor, items, counts, deleted) in zip(calls, replies, strict=True):
+            next_cursors[partition] = cursor.decode()
+            for (entry_id, flat), delivered in zip(items, counts, strict=True):
+                fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+                entries.append(Entry(partition, entry_id.decode(), fields, int(delivered)))
+            if deleted:
+                lost[partition] = [i.decode() for i in deleted]
+        return entries, next_cursors, lost

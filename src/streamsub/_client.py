@@ -1,0 +1,585 @@
+"""The client: the one object users hold, a thin face over engine and backend."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Literal, Self
+
+from ._backends.base import Backend, GroupInfo, SubscriptionRecord, TopicRecord
+from ._core.codec import Encoded, encode
+from ._core.names import check_name
+from ._engine.publisher import TopicPublisher
+from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
+from ._errors import (
+    AlreadyExistsError,
+    ClosedError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
+)
+from ._message import OutgoingMessage
+from ._settings import (
+    DEFAULT_ACK_DEADLINE,
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_PARTITIONS,
+    MAX_PARTITIONS,
+    BatchSettings,
+    FlowControl,
+    Limits,
+    RetryPolicy,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "Client",
+    "Subscriber",
+    "Subscription",
+    "SubscriptionStats",
+    "Topic",
+    "connect",
+]
+
+DEFAULT_URL = "redis://localhost:6379/0"
+"""Used when neither an argument nor STREAMSUB_URL names a server."""
+DEFAULT_MAX_LEASE_DURATION = 3600.0
+"""Pub/Sub's default: a message is extended for at most an hour."""
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+"""How long leaving ``subscribe()`` waits for running handlers."""
+
+Start = Literal["latest", "earliest"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Topic:
+    """A topic: its name, partition count and creation time."""
+
+    name: str
+    partitions: int
+    created: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subscription:
+    """A subscription and its settings."""
+
+    name: str
+    topic: str
+    created: datetime.datetime
+    start: Start
+    ack_deadline: float
+    max_delivery_attempts: int
+    dead_letter_topic: str | None
+    retry_policy: RetryPolicy | None
+    enable_message_ordering: bool
+    enable_exactly_once_delivery: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    """Counts of a subscription over all partitions, read from the server."""
+
+    subscription: str
+    topic: str
+    messages: int
+    """Entries in the topic's streams (acknowledged or not, until trimmed)."""
+    pending: int
+    """Delivered and not yet acknowledged."""
+    lag: int | None
+    """Published and not yet delivered (None when the server cannot tell)."""
+    consumers: int
+    partitions: tuple[GroupInfo, ...]
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+
+
+def _topic(record: TopicRecord) -> Topic:
+    return Topic(record.name, record.partitions, _utc(record.created))
+
+
+def _subscription(record: SubscriptionRecord) -> Subscription:
+    s = record.settings
+    retry = s.get("retry_policy")
+    return Subscription(
+        name=record.name,
+        topic=record.topic,
+        created=_utc(record.created),
+        start=s["start"],  # type: ignore[arg-type]
+        ack_deadline=float(s["ack_deadline"]),  # type: ignore[arg-type]
+        max_delivery_attempts=int(s["max_delivery_attempts"]),  # type: ignore[call-overload]
+        dead_letter_topic=s.get("dead_letter_topic"),  # type: ignore[arg-type]
+        retry_policy=RetryPolicy(**retry) if isinstance(retry, dict) else None,
+        enable_message_ordering=bool(s.get("enable_message_ordering")),
+        enable_exactly_once_delivery=bool(s.get("enable_exactly_once_delivery")),
+    )
+
+
+def _default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def connect(
+    url: str | None = None,
+    *,
+    batch_settings: BatchSettings | None = None,
+    limits: Limits | None = None,
+    backend: Backend | None = None,
+) -> Client:
+    """A client for the server at ``url`` (default: ``$STREAMSUB_URL``, else
+    ``redis://localhost:6379/0``); use it as ``async with connect(...) as client``.
+
+    URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS,
+    ``unix:///path/to/redis.sock``. Pass ``backend`` to use another backend.
+    """
+    if backend is None:
+        from ._backends.redis import RedisBackend  # noqa: PLC0415 - the default backend
+
+        backend = RedisBackend(url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL)
+    return Client(backend, batch_settings=batch_settings, limits=limits)
+
+
+class Client:
+    """Topics, subscriptions, publishing and subscribing on one backend."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        batch_settings: BatchSettings | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self._backend = backend
+        self._batch_settings = batch_settings or BatchSettings()
+        self._limits = limits or Limits()
+        self._publishers: dict[str, TopicPublisher] = {}
+        self._subscribers: set[Subscriber] = set()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The server's URL, without password."""
+        return self._backend.url
+
+    async def __aenter__(self) -> Self:
+        await self._backend.ping()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop subscribers, write what publishers hold, and close connections."""
+        if self._closed:
+            return
+        self._closed = True
+        for subscriber in list(self._subscribers):
+            await subscriber.stop()
+        for publisher in self._publishers.values():
+            await publisher.aclose()
+        await self._backend.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the client is closed; create a new one with streamsub.connect()")
+
+    # --- topics ----------------------------------------------------------------
+    async def create_topic(self, name: str, *, partitions: int = DEFAULT_PARTITIONS) -> Topic:
+        """Create a topic with ``partitions`` partitions (default 16).
+
+        Creating an existing topic with the same partition count does nothing;
+        with another count it raises :class:`AlreadyExistsError`.
+        """
+        self._check_open()
+        check_name("topic", name)
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidTypeError(f"partitions must be an int, got {type(partitions).__name__}")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgumentError(
+                f"partitions must be 1 to {MAX_PARTITIONS}, got {partitions}"
+            )
+        wanted = TopicRecord(name, partitions, "", time.time())
+        stored = await self._backend.create_topic(wanted)
+        if stored.partitions != partitions:
+            raise AlreadyExistsError(
+                f"topic {name!r} exists with partitions={stored.partitions}, not {partitions}; "
+                "use the existing count or another name"
+            )
+        return _topic(stored)
+
+    async def _topic_record(self, name: str) -> TopicRecord:
+        check_name("topic", name)
+        record = await self._backend.get_topic(name)
+        if record is None:
+            raise TopicNotFoundError(
+                f"topic {name!r} does not exist: create it with create_topic({name!r}) "
+                f"or `streamsub topic create {name}`"
+            )
+        return record
+
+    async def get_topic(self, name: str) -> Topic:
+        """The topic ``name``; raises :class:`TopicNotFoundError` if there is none."""
+        self._check_open()
+        return _topic(await self._topic_record(name))
+
+    async def list_topics(self) -> list[Topic]:
+        """Every topic, sorted by name."""
+        self._check_open()
+        return [_topic(r) for r in await self._backend.list_topics()]
+
+    async def delete_topic(self, name: str, *, force: bool = False) -> None:
+        """Delete a topic and its messages.
+
+        A topic with subscriptions is deleted only with ``force=True``, which
+        deletes those subscriptions too.
+        """
+        self._check_open()
+        record = await self._topic_record(name)
+        subscriptions = await self._backend.list_subscriptions(name)
+        if subscriptions and not force:
+            names = ", ".join(s.name for s in subscriptions)
+            raise FailedPreconditionError(
+                f"topic {name!r} has subscriptions ({names}); delete them first or pass force=True"
+            )
+        for subscription in subscriptions:
+            await self._backend.delete_subscription(subscription, record)
+        await self._backend.delete_topic(record)
+        publisher = self._publishers.pop(name, None)
+        if publisher is not None:
+            await publisher.aclose()
+
+    # --- subscriptions ---------------------------------------------------------
+    async def create_subscription(
+        self,
+        name: str,
+        *,
+        topic: str,
+        start: Start = "latest",
+        ack_deadline: float = DEFAULT_ACK_DEADLINE,
+        max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS,
+        dead_letter_topic: str | None = None,
+        retry_policy: RetryPolicy | None = None,
+        enable_message_ordering: bool = False,
+        enable_exactly_once_delivery: bool = False,
+    ) -> Subscription:
+        """Create a subscription on ``topic``: a consumer group on every partition.
+
+        ``start="latest"`` (default) delivers messages published after now;
+        ``"earliest"`` every message the topic still has. ``ack_deadline``
+        (default 30 s) is how long a delivered message may go without ack or
+        lease extension before another subscriber may take it. After
+        ``max_delivery_attempts`` (default 5) a message goes to
+        ``dead_letter_topic`` when there is one. Creating an existing
+        subscription with the same settings does nothing; with others it raises
+        :class:`AlreadyExistsError` naming the difference.
+        """
+        self._check_open()
+        check_name("subscription", name)
+        settings = self._subscription_settings(
+            start=start,
+            ack_deadline=ack_deadline,
+            max_delivery_attempts=max_delivery_attempts,
+            dead_letter_topic=dead_letter_topic,
+            retry_policy=retry_policy,
+            enable_message_ordering=enable_message_ordering,
+            enable_exactly_once_delivery=enable_exactly_once_delivery,
+        )
+        record = await self._topic_record(topic)
+        if dead_letter_topic is not None:
+            await self._topic_record(dead_letter_topic)
+        existing = await self._backend.get_subscription(name)
+        if existing is None:
+            wanted = SubscriptionRecord(name, topic, time.time(), settings)
+            existing = await self._backend.create_subscription(
+                wanted, record, "$" if start == "latest" else "0"
+            )
+        differences = [
+            f"{key}={existing.settings.get(key)!r} (asked {value!r})"
+            for key, value in settings.items()
+            if existing.settings.get(key) != value
+        ]
+        if existing.topic != topic:
+            differences.insert(0, f"topic={existing.topic!r} (asked {topic!r})")
+        if differences:
+            raise AlreadyExistsError(
+                f"subscription {name!r} exists with other settings: {', '.join(differences)}; "
+                "delete it first or use another name"
+            )
+        return _subscription(existing)
+
+    @staticmethod
+    def _subscription_settings(
+        *,
+        start: object,
+        ack_deadline: object,
+        max_delivery_attempts: object,
+        dead_letter_topic: object,
+        retry_policy: object,
+        enable_message_ordering: object,
+        enable_exactly_once_delivery: object,
+    ) -> dict[str, object]:
+        if start not in ("latest", "earliest"):
+            raise InvalidArgumentError(f"start must be 'latest' or 'earliest', got {start!r}")
+        if (
+            isinstance(ack_deadline, bool)
+            or not isinstance(ack_deadline, int | float)
+            or not 0.01 <= ack_deadline <= 3600
+        ):
+            raise InvalidArgumentError(
+                f"ack_deadline must be seconds from 0.01 to 3600, got {ack_deadline!r}"
+            )
+        if (
+            isinstance(max_delivery_attempts, bool)
+            or not isinstance(max_delivery_attempts, int)
+            or not 1 <= max_delivery_attempts <= 1000
+        ):
+            raise InvalidArgumentError(
+                f"max_delivery_attempts must be an int from 1 to 1000, got {max_delivery_attempts!r}"
+            )
+        if dead_letter_topic is not None:
+            check_name("dead-letter topic", dead_letter_topic)
+        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+            raise InvalidTypeError(
+                f"retry_policy must be a streamsub.RetryPolicy or None, got {retry_policy!r}"
+            )
+        for flag, value in (
+            ("enable_message_ordering", enable_message_ordering),
+            ("enable_exactly_once_delivery", enable_exactly_once_delivery),
+        ):
+            if not isinstance(value, bool):
+                raise InvalidTypeError(f"{flag} must be a bool, got {value!r}")
+        return {
+            "start": start,
+            "ack_deadline": float(ack_deadline),
+            "max_delivery_attempts": max_delivery_attempts,
+            "dead_letter_topic": dead_letter_topic,
+            "retry_policy": None if retry_policy is None else dataclasses.asdict(retry_policy),
+            "enable_message_ordering": enable_message_ordering,
+            "enable_exactly_once_delivery": enable_exactly_once_delivery,
+        }
+
+    async def _subscription_record(self, name: str) -> SubscriptionRecord:
+        check_name("subscription", name)
+        record = await self._backend.get_subscription(name)
+        if record is None:
+            raise SubscriptionNotFoundError(
+                f"subscription {name!r} does not exist: create it with "
+                f"create_subscription({name!r}, topic=...) or `streamsub sub create`"
+            )
+        return record
+
+    async def get_subscription(self, name: str) -> Subscription:
+        """The subscription ``name``; raises :class:`SubscriptionNotFoundError`."""
+        self._check_open()
+        return _subscription(await self._subscription_record(name))
+
+    async def list_subscriptions(self, topic: str | None = None) -> list[Subscription]:
+        """Every subscription (of ``topic``), sorted by name."""
+        self._check_open()
+        return [_subscription(r) for r in await self._backend.list_subscriptions(topic)]
+
+    async def delete_subscription(self, name: str) -> None:
+        """Delete a subscription and its consumer groups (unacked messages stay in the topic)."""
+        self._check_open()
+        record = await self._subscription_record(name)
+        topic = await self._backend.get_topic(record.topic)
+        if topic is not None:
+            await self._backend.delete_subscription(record, topic)
+
+    async def subscription_stats(self, name: str) -> SubscriptionStats:
+        """Messages, pending and lag of a subscription, summed over partitions."""
+        self._check_open()
+        record = await self._subscription_record(name)
+        topic = await self._topic_record(record.topic)
+        infos = await self._backend.group_info(topic, name)
+        lags = [i.lag for i in infos]
+        return SubscriptionStats(
+            subscription=name,
+            topic=topic.name,
+            messages=sum(i.length for i in infos),
+            pending=sum(i.pending for i in infos),
+            lag=None if None in lags else sum(lag for lag in lags if lag is not None),
+            consumers=max((i.consumers for i in infos), default=0),
+            partitions=tuple(infos),
+        )
+
+    # --- publishing ------------------------------------------------------------
+    async def _publisher(self, topic: str) -> TopicPublisher:
+        publisher = self._publishers.get(topic)
+        if publisher is None:
+            record = await self._topic_record(topic)
+            publisher = self._publishers.get(topic)
+            if publisher is None:
+                publisher = TopicPublisher(self._backend, record, self._batch_settings)
+                self._publishers[topic] = publisher
+        return publisher
+
+    async def publish(
+        self,
+        topic: str,
+        data: bytes,
+        *,
+        ordering_key: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> str:
+        """Publish one message; return its id once it is stored.
+
+        Messages are batched with others published at the same time. If this
+        raises a :class:`BackendError`, the message may or may not be stored.
+        """
+        self._check_open()
+        encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
+        publisher = await self._publisher(topic)
+        (message_id,) = await publisher.publish([encoded])
+        return message_id
+
+    async def publish_many(
+        self, topic: str, messages: Iterable[OutgoingMessage | bytes]
+    ) -> list[str]:
+        """Publish many messages (``OutgoingMessage`` or plain bytes); return their ids
+        in order. Every message is checked before any is written."""
+        self._check_open()
+        max_bytes = self._limits.max_message_bytes
+        encoded: list[Encoded] = []
+        for index, message in enumerate(messages):
+            try:
+                if isinstance(message, OutgoingMessage):
+                    encoded.append(
+                        encode(
+                            message.data,
+                            message.ordering_key,
+                            message.attributes,
+                            max_bytes=max_bytes,
+                        )
+                    )
+                else:
+                    encoded.append(encode(message, max_bytes=max_bytes))
+            except InvalidArgumentError as exc:
+                raise type(exc)(f"message {index}: {exc}") from None
+        if not encoded:
+            return []
+        publisher = await self._publisher(topic)
+        return await publisher.publish(encoded)
+
+    # --- subscribing -----------------------------------------------------------
+    def subscribe(
+        self,
+        subscription: str,
+        handler: Handler,
+        *,
+        flow_control: FlowControl | None = None,
+        ack_mode: AckMode = "auto",
+        consumer: str | None = None,
+        max_lease_duration: float = DEFAULT_MAX_LEASE_DURATION,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    ) -> Subscriber:
+        """Stream ``subscription`` to ``handler`` while the ``async with`` block runs.
+
+        ``handler`` is ``async def`` or plain ``def`` (run in a thread pool).
+        With ``ack_mode="auto"`` (default) a handler that returns acks and one
+        that raises nacks; with ``"manual"`` the handler calls ``message.ack()``
+        or ``message.nack()``. ``flow_control`` bounds what is held at once
+        (default 1000 messages, 100 MiB). ``consumer`` names this subscriber in
+        the consumer group (default: host, pid and a random suffix).
+        """
+        self._check_open()
+        if not callable(handler):
+            raise InvalidTypeError(f"handler must be callable, got {handler!r}")
+        if ack_mode not in ("auto", "manual"):
+            raise InvalidArgumentError(f"ack_mode must be 'auto' or 'manual', got {ack_mode!r}")
+        if flow_control is not None and not isinstance(flow_control, FlowControl):
+            raise InvalidTypeError(f"flow_control must be a streamsub.FlowControl, got {flow_control!r}")
+        return Subscriber(
+            self,
+            subscription,
+            handler,
+            flow_control=flow_control or FlowControl(),
+            ack_mode=ack_mode,
+            consumer=consumer or _default_consumer(),
+            max_lease_duration=max_lease_duration,
+            shutdown_timeout=shutdown_timeout,
+        )
+
+
+class Subscriber:
+    """A running subscription stream; leave its ``async with`` block to stop it."""
+
+    def __init__(
+        self,
+        client: Client,
+        subscription: str,
+        handler: Handler,
+        *,
+        flow_control: FlowControl,
+        ack_mode: AckMode,
+        consumer: str,
+        max_lease_duration: float,
+        shutdown_timeout: float,
+    ) -> None:
+        self._client = client
+        self._subscription = subscription
+        self._handler = handler
+        self._flow_control = flow_control
+        self._ack_mode = ack_mode
+        self.consumer = consumer
+        self._max_lease_duration = max_lease_duration
+        self._shutdown_timeout = shutdown_timeout
+        self._receiver: Receiver | None = None
+
+    async def start(self) -> None:
+        """Start streaming (``async with`` does this)."""
+        client = self._client
+        client._check_open()
+        record = await client._subscription_record(self._subscription)
+        topic = await client._topic_record(record.topic)
+        self._receiver = Receiver(
+            backend=client._backend,
+            topic=topic,
+            subscription=record,
+            handler=self._handler,
+            flow_control=self._flow_control,
+            ack_mode=self._ack_mode,
+            consumer=self.consumer,
+            max_lease_duration=self._max_lease_duration,
+        )
+        self._receiver.start()
+        client._subscribers.add(self)
+
+    async def stop(self) -> None:
+        """Stop reading, let handlers finish (up to shutdown_timeout), flush acks."""
+        receiver, self._receiver = self._receiver, None
+        self._client._subscribers.discard(self)
+        if receiver is not None:
+            await receiver.stop(self._shutdown_timeout)
+
+    def statistics(self) -> ReceiverStatistics:
+        """A snapshot of this subscriber's counters."""
+        if self._receiver is None:
+            raise ClosedError("the subscriber is not running")
+        return self._receiver.statistics()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

@@ -1,0 +1,67 @@
+"""The publisher's batch: messages wait here until one write takes them all.
+
+A batch closes at the first of ``BatchSettings``' limits: message count, bytes,
+or the latency of its oldest message. It groups messages by partition, since a
+write is one script call per partition.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+from .._settings import BatchSettings
+
+__all__ = ["Batch", "Batcher"]
+
+T = TypeVar("T")
+
+Batch = dict[int, list[tuple[list[bytes], T]]]
+"""Partition -> its messages in publish order, each as (fields, token)."""
+
+
+class Batcher(Generic[T]):
+    """Collects messages into one open batch; the caller takes it when it closes."""
+
+    __slots__ = ("_bytes", "_count", "_opened_at", "_open", "_settings")
+
+    def __init__(self, settings: BatchSettings) -> None:
+        self._settings = settings
+        self._open: Batch[T] = {}
+        self._count = 0
+        self._bytes = 0
+        self._opened_at = 0.0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def would_overflow(self, size: int) -> bool:
+        """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""
+        return self._count > 0 and self._bytes + size > self._settings.max_bytes
+
+    def add(self, partition: int, fields: list[bytes], size: int, token: T, now: float) -> bool:
+        """Add a message; return True when the batch is full and must be taken now."""
+        if self._count == 0:
+            self._opened_at = now
+        messages = self._open.get(partition)
+        if messages is None:
+            self._open[partition] = [(fields, token)]
+        else:
+            messages.append((fields, token))
+        self._count += 1
+        self._bytes += size
+        settings = self._settings
+        return self._count >= settings.max_messages or self._bytes >= settings.max_bytes
+
+    def deadline(self) -> float | None:
+        """When the open batch must be taken at the latest (None when empty)."""
+        if self._count == 0:
+            return None
+        return self._opened_at + self._settings.max_latency
+
+    def take(self) -> Batch[T]:
+        """Close the open batch and return it; a new one opens on the next add."""
+        batch = self._open
+        self._open = {}
+        self._count = 0
+        self._bytes = 0
+        return batch

@@ -1,0 +1,1 @@
+"""The engine: asyncio tasks that drive the core and do the I/O through a backend."""

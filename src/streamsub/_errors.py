@@ -1,0 +1,109 @@
+"""The one error tree of streamsub.
+
+Every error streamsub raises derives from :class:`StreamsubError`. Redis errors
+are translated once, at the backend boundary, with the original kept as
+``__cause__``::
+
+    StreamsubError
+    ├── InvalidArgumentError (also ValueError)     bad input: fix the call
+    │   ├── InvalidTypeError (also TypeError)      a value of the wrong type
+    │   └── MessageTooLargeError                   over Limits.max_message_bytes
+    ├── NotFoundError (also LookupError)           no such topic or subscription
+    │   ├── TopicNotFoundError
+    │   └── SubscriptionNotFoundError
+    ├── AlreadyExistsError                         exists with other settings
+    ├── FailedPreconditionError                    the state forbids it now
+    ├── ClosedError                                you closed it
+    ├── AckError                                   an ack that did not take
+    └── BackendError                               the world broke it
+        └── UnavailableError                       the server cannot be reached
+
+"Bad input", "you closed it" and "the world broke it" are different classes, so
+a caller can retry the last kind and fix the first.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "AckError",
+    "AckStatus",
+    "AlreadyExistsError",
+    "BackendError",
+    "ClosedError",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "MessageTooLargeError",
+    "NotFoundError",
+    "StreamsubError",
+    "SubscriptionNotFoundError",
+    "TopicNotFoundError",
+    "UnavailableError",
+]
+
+
+class StreamsubError(Exception):
+    """The root of every error streamsub raises."""
+
+
+class InvalidArgumentError(StreamsubError, ValueError):
+    """An argument is wrong; the message says which and how to fix it."""
+
+
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument has the wrong type."""
+
+
+class MessageTooLargeError(InvalidArgumentError):
+    """A message is larger than ``Limits.max_message_bytes``."""
+
+
+class NotFoundError(StreamsubError, LookupError):
+    """A topic or subscription does not exist."""
+
+
+class TopicNotFoundError(NotFoundError):
+    """The named topic does not exist: create it with ``create_topic`` first."""
+
+
+class SubscriptionNotFoundError(NotFoundError):
+    """The named subscription does not exist: create it first."""
+
+
+class AlreadyExistsError(StreamsubError):
+    """A topic or subscription exists already, with different settings."""
+
+
+class FailedPreconditionError(StreamsubError):
+    """The operation is not allowed in the current state (the message says why)."""
+
+
+class ClosedError(StreamsubError):
+    """The client, publisher or subscriber was closed by its owner."""
+
+
+class AckStatus(enum.Enum):
+    """Why an acknowledgement failed (the names follow Pub/Sub's AcknowledgeStatus)."""
+
+    SUCCESS = "success"
+    INVALID_ACK_ID = "invalid_ack_id"
+    """The lease was lost: another consumer may have this message now."""
+    OTHER = "other"
+
+
+class AckError(StreamsubError):
+    """An ``ack_with_response()`` that did not take effect; see ``status``."""
+
+    def __init__(self, message: str, *, status: AckStatus) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BackendError(StreamsubError):
+    """The storage backend failed; the original error is ``__cause__``."""
+
+
+class UnavailableError(BackendError):
+    """The server cannot be reached; the message names the URL and what to try."""

@@ -1,0 +1,115 @@
+"""Frozen, keyword-only settings, each default named and documented here.
+
+The names follow Google Cloud Pub/Sub's client (``FlowControl``,
+``BatchSettings``, ``RetryPolicy``) so its users find what they know. Every
+limit is explicit: exceeding one is back-pressure or an error, never loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ._errors import InvalidArgumentError
+
+__all__ = [
+    "DEFAULT_ACK_DEADLINE",
+    "DEFAULT_MAX_DELIVERY_ATTEMPTS",
+    "DEFAULT_PARTITIONS",
+    "MAX_PARTITIONS",
+    "BatchSettings",
+    "FlowControl",
+    "Limits",
+    "RetryPolicy",
+]
+
+DEFAULT_PARTITIONS = 16
+"""Partitions of a new topic: enough for 16 subscribers to share the work."""
+MAX_PARTITIONS = 1024
+"""More partitions cost a stream each and make every read wider."""
+DEFAULT_ACK_DEADLINE = 30.0
+"""Seconds a delivered message may sit without ack or lease extension (Pub/Sub: 10)."""
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
+"""Pub/Sub's default for dead-letter policies."""
+
+
+def _positive(owner: str, name: str, value: float, *, integer: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgumentError(f"{owner}.{name} must be a number, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise InvalidArgumentError(f"{owner}.{name} must be a whole number, got {value!r}")
+    if not value > 0 or math.isinf(value):
+        raise InvalidArgumentError(f"{owner}.{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FlowControl:
+    """How much a subscriber holds at once; reading pauses at either limit.
+
+    ``max_messages`` (default 1000) bounds messages read but not yet acked or
+    nacked; ``max_bytes`` (default 100 MiB) bounds the data of the messages
+    whose handlers run. A single message larger than ``max_bytes`` still runs,
+    alone, so that it cannot block the subscription.
+    """
+
+    max_messages: int = 1000
+    max_bytes: int = 100 * 2**20
+
+    def __post_init__(self) -> None:
+        _positive("FlowControl", "max_messages", self.max_messages, integer=True)
+        _positive("FlowControl", "max_bytes", self.max_bytes, integer=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BatchSettings:
+    """When the publisher writes a batch: at the first limit reached.
+
+    ``max_messages`` (default 1000) and ``max_bytes`` (default 1 MiB) bound a
+    batch; ``max_latency`` (default 0.005 s) bounds how long a message waits
+    for companions. A batch is one server-side script call per partition, so
+    larger batches cost fewer round trips.
+    """
+
+    max_messages: int = 1000
+    max_bytes: int = 2**20
+    max_latency: float = 0.005
+
+    def __post_init__(self) -> None:
+        _positive("BatchSettings", "max_messages", self.max_messages, integer=True)
+        _positive("BatchSettings", "max_bytes", self.max_bytes, integer=True)
+        _positive("BatchSettings", "max_latency", self.max_latency)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """Backoff before a nacked message is delivered again (seconds).
+
+    The n-th redelivery waits ``minimum_backoff * 2**(n-1)``, capped at
+    ``maximum_backoff`` (Pub/Sub's defaults: 10 s and 600 s).
+    """
+
+    minimum_backoff: float = 10.0
+    maximum_backoff: float = 600.0
+
+    def __post_init__(self) -> None:
+        _positive("RetryPolicy", "minimum_backoff", self.minimum_backoff)
+        _positive("RetryPolicy", "maximum_backoff", self.maximum_backoff)
+        if self.maximum_backoff < self.minimum_backoff:
+            raise InvalidArgumentError(
+                "RetryPolicy.maximum_backoff must be >= minimum_backoff, got "
+                f"{self.maximum_backoff!r} < {self.minimum_backoff!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Limits:
+    """Hard limits on what is published.
+
+    ``max_message_bytes`` (default 10 MB, as Pub/Sub) bounds a message's data
+    plus its ordering key and attributes, as encoded.
+    """
+
+    max_message_bytes: int = 10_000_000
+
+    def __post_init__(self) -> None:
+        _positive("Limits", "max_message_bytes", self.max_message_bytes, integer=True)
