@@ -28,15 +28,16 @@ def free_port() -> int:
 
 
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    name = Path(str(proc.args[0] if isinstance(proc.args, list) else proc.args)).name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            msg = f"{proc.args[0]} exited with {proc.returncode}; log:\n{_tail(log)}"
+            msg = f"{name} exited with {proc.returncode}; log:\n{_tail(log)}"
             raise RuntimeError(msg)
         with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2):
             return
         time.sleep(0.05)
-    msg = f"{proc.args[0]} did not listen on {HOST}:{port} within {timeout}s"
+    msg = f"{name} did not listen on {HOST}:{port} within {timeout}s"
     raise RuntimeError(msg)
 
 

@@ -51,6 +51,13 @@ MIN_SIZE = HEADER.size
 
 _SPAWN = multiprocessing.get_context("spawn")
 
+STALL_SECONDS = 30.0
+"""Once the publisher is done, a consumer that makes no progress for this long fails."""
+
+_PROGRESS_EVERY = 256
+_progress: Any = None
+"""In a consumer process: a shared counter of distinct messages received, for the parent."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Env:
@@ -145,6 +152,10 @@ class Receiver:
         self.latencies.append(now - published)
         if self.first_publish_ns == 0 or published < self.first_publish_ns:
             self.first_publish_ns = published
+        if _progress is not None and (
+            self.distinct % _PROGRESS_EVERY == 0 or self.distinct >= self.n
+        ):
+            _progress.value = self.distinct
         if self.distinct >= self.n:
             self.done.set()
 
@@ -191,8 +202,6 @@ class Implementation(ABC):
     """One messaging implementation under test."""
 
     name: ClassVar[str]
-    max_messages: ClassVar[int | None] = None
-    """Cap on n for implementations too slow for the full count (``--no-cap`` lifts it)."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -202,6 +211,21 @@ class Implementation(ABC):
 
     async def setup(self) -> None:  # noqa: B027 - optional hook
         """Create what a round needs (topics, groups...) before the timed part."""
+
+    async def stored_count(self) -> int:
+        """How many messages the server holds: the sum of XLEN over every stream."""
+        from redis.asyncio import Redis
+
+        client = Redis.from_url(self.env.redis_url)
+        try:
+            keys = [key async for key in client.scan_iter(_type="STREAM", count=1000)]
+            async with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.xlen(key)
+                lengths: list[int] = await pipe.execute()
+            return sum(lengths)
+        finally:
+            await client.aclose()
 
     @abstractmethod
     async def publish(self, n: int, size: int) -> float:
@@ -233,8 +257,15 @@ def _publisher_main(impl: Implementation, n: int, size: int, results: Queue[Any]
 
 
 def _consumer_main(
-    impl: Implementation, n: int, timeout: float, ready: Event, results: Queue[Any]
+    impl: Implementation,
+    n: int,
+    timeout: float,
+    ready: Event,
+    results: Queue[Any],
+    progress: Any,
 ) -> None:
+    global _progress
+    _progress = progress
     try:
         result = asyncio.run(asyncio.wait_for(impl.consume(n, ready.set), timeout))
     except BaseException:
@@ -243,14 +274,42 @@ def _consumer_main(
         results.put(("ok", result))
 
 
+class _StallWatch:
+    """Fails a consumer whose progress counter has not moved for STALL_SECONDS."""
+
+    def __init__(self, progress: Any, n: int) -> None:
+        self.progress = progress
+        self.n = n
+        self.seen = progress.value
+        self.since = time.monotonic()
+
+    def check(self) -> None:
+        value = self.progress.value
+        now = time.monotonic()
+        if value != self.seen:
+            self.seen, self.since = value, now
+        elif now - self.since > STALL_SECONDS:
+            msg = (
+                f"consumer stalled after {value:,}+ of {self.n:,} distinct messages "
+                f"(no progress for {STALL_SECONDS:.0f}s after the publisher finished)"
+            )
+            raise BenchmarkError(msg)
+
+
 async def _wait_for(
-    what: str, proc: SpawnProcess, poll: Callable[[float], Any], deadline: float
+    what: str,
+    proc: SpawnProcess,
+    poll: Callable[[float], Any],
+    deadline: float,
+    stall: _StallWatch | None = None,
 ) -> Any:
     """Poll ``poll(timeout)`` (blocking, run in a thread) until it returns non-None."""
     while True:
         got = await asyncio.to_thread(poll, 0.2)
         if got is not None:
             return got
+        if stall is not None:
+            stall.check()
         if not proc.is_alive():
             got = await asyncio.to_thread(poll, 1.0)  # it may have answered, then exited
             if got is not None:
@@ -320,11 +379,12 @@ async def run_publish(impl: Implementation, n: int, size: int, timeout: float) -
 
 async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float) -> EndToEndResult:
     ready = _SPAWN.Event()
+    progress = _SPAWN.RawValue("q", 0)  # one writer (the consumer), read by us
     consumer_results: Queue[Any] = _SPAWN.Queue()
     publisher_results: Queue[Any] = _SPAWN.Queue()
     consumer = _SPAWN.Process(
         target=_consumer_main,
-        args=(impl, n, timeout, ready, consumer_results),
+        args=(impl, n, timeout, ready, consumer_results, progress),
         name=f"{impl.name}-consumer",
     )
     publisher = _SPAWN.Process(
@@ -348,7 +408,10 @@ async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float
                 "publisher", publisher, _queue_poll(publisher_results), deadline
             )
             publisher_elapsed: float = _unwrap("publisher", reply)
-            reply = await _wait_for("consumer", consumer, _queue_poll(consumer_results), deadline)
+            stall = _StallWatch(progress, n)
+            reply = await _wait_for(
+                "consumer", consumer, _queue_poll(consumer_results), deadline, stall
+            )
             result: ConsumeResult = _unwrap("consumer", reply)
         finally:
             _stop(publisher)

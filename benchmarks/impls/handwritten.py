@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeAlias, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -23,6 +24,9 @@ FIELD = b"d"
 PUBLISH_CHUNK = 200
 READ_COUNT = 500
 BLOCK_MS = 1000
+
+# XREADGROUP's reply in RESP2 (redis-py's default): [(stream, [(id, fields), ...])]
+ReadReply: TypeAlias = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None
 
 
 class Handwritten(Implementation):
@@ -54,8 +58,11 @@ class Handwritten(Implementation):
             ready()
             receiver = Receiver(n)
             while not receiver.complete:
-                reply = await client.xreadgroup(
-                    GROUP, CONSUMER, {STREAM: ">"}, count=READ_COUNT, block=BLOCK_MS
+                reply = cast(
+                    "ReadReply",
+                    await client.xreadgroup(
+                        GROUP, CONSUMER, {STREAM: ">"}, count=READ_COUNT, block=BLOCK_MS
+                    ),
                 )
                 for _stream, entries in reply or ():
                     ids = []

@@ -56,6 +56,14 @@ class Nats(Implementation):
         finally:
             await nc.close()
 
+    async def stored_count(self) -> int:
+        nc = await self._connect()
+        try:
+            info = await nc.jetstream().stream_info(STREAM)
+            return info.state.messages
+        finally:
+            await nc.close()
+
     async def publish(self, n: int, size: int) -> float:
         pad = padding(size)
         nc = await self._connect()

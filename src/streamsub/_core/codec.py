@@ -10,7 +10,9 @@ dead-letter topic rather than stopping the subscription.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from .._errors import InvalidArgumentError, InvalidTypeError, MessageTooLargeError
 
@@ -37,13 +39,52 @@ _KEY = b"k"
 _ATTR = b"a:"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Encoded:
-    """A message ready to append: its flat field list and its size in bytes."""
+class Encoded(NamedTuple):
+    """A message ready to append: packed, its size in bytes, its ordering key.
 
-    fields: list[bytes]
+    ``packed`` is the form a batch is sent in (one argument for the whole
+    batch, see ``scripts/append.lua``): a big-endian uint16 value count, then
+    each field name and value as a big-endian uint32 length and its bytes.
+    """
+
+    packed: bytes
     size: int
     ordering_key: str | None
+
+    @property
+    def fields(self) -> list[bytes]:
+        """The flat field list (name, value, name, value, ...) that ``packed`` holds."""
+        return unpack_fields(self.packed)
+
+
+_COUNT = struct.Struct(">H")
+_LEN = struct.Struct(">I")
+_DATA_ONLY = _COUNT.pack(2) + _LEN.pack(1) + b"d"
+_DATA_AND_KEY = _COUNT.pack(4) + _LEN.pack(1) + b"d"
+_KEY_HEADER = _LEN.pack(1) + b"k"
+
+
+def pack_fields(fields: list[bytes]) -> bytes:
+    """Pack a flat field list as ``Encoded.packed`` holds it."""
+    parts = [_COUNT.pack(len(fields))]
+    for value in fields:
+        parts += (_LEN.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def unpack_fields(packed: bytes) -> list[bytes]:
+    """The flat field lists of one or more packed messages, concatenated."""
+    fields: list[bytes] = []
+    pos = 0
+    while pos < len(packed):
+        (count,) = _COUNT.unpack_from(packed, pos)
+        pos += _COUNT.size
+        for _ in range(count):
+            (length,) = _LEN.unpack_from(packed, pos)
+            pos += _LEN.size
+            fields.append(packed[pos : pos + length])
+            pos += length
+    return fields
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,12 +97,22 @@ class Decoded:
     size: int
 
 
-class UndecodableEntry(Exception):  # noqa: N818 - an outcome, not an error raised to users
+class UndecodableEntry(Exception):
     """The entry was not written by streamsub; ``reason`` says what is wrong."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def _utf8(what: str, text: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{what} is not valid Unicode text (a lone surrogate at index {exc.start}); "
+            "pass text that encodes to UTF-8"
+        ) from None
 
 
 def encode(
@@ -72,35 +123,58 @@ def encode(
     max_bytes: int,
 ) -> Encoded:
     """Check a message and encode it; raise saying what to fix if it is wrong."""
-    if not isinstance(data, bytes | bytearray | memoryview):
+    if type(data) is bytes:
+        payload = data
+    elif isinstance(data, bytes | bytearray | memoryview):
+        payload = bytes(data)
+    else:
         hint = " (encode it first, e.g. text.encode())" if isinstance(data, str) else ""
         raise InvalidTypeError(f"message data must be bytes, got {type(data).__name__}{hint}")
-    payload = bytes(data)
-    fields = [_DATA, payload]
     size = len(payload)
     key: str | None = None
+    raw_key = b""
     if ordering_key is not None:
-        if not isinstance(ordering_key, str):
+        if type(ordering_key) is not str:
             raise InvalidTypeError(
                 f"ordering_key must be a str or None, got {type(ordering_key).__name__}"
             )
-        raw_key = ordering_key.encode()
+        raw_key = _utf8("ordering_key", ordering_key)
         if len(raw_key) > MAX_ORDERING_KEY_BYTES:
             raise InvalidArgumentError(
                 f"ordering_key is {len(raw_key)} bytes; the limit is {MAX_ORDERING_KEY_BYTES}"
             )
         if raw_key:
             key = ordering_key
-            fields += (_KEY, raw_key)
             size += len(raw_key)
-    if attributes is not None:
+    if attributes:
+        fields = [_DATA, payload]
+        if key is not None:
+            fields += (_KEY, raw_key)
         size += _encode_attributes(attributes, fields)
+        packed = pack_fields(fields)
+    elif attributes is not None and not isinstance(attributes, Mapping):
+        raise InvalidTypeError(
+            f"attributes must be a mapping of str to str, got {type(attributes).__name__}"
+        )
+    elif key is None:  # the common shapes, packed without a loop
+        packed = b"".join((_DATA_ONLY, _LEN.pack(size), payload))
+    else:
+        packed = b"".join(
+            (
+                _DATA_AND_KEY,
+                _LEN.pack(len(payload)),
+                payload,
+                _KEY_HEADER,
+                _LEN.pack(len(raw_key)),
+                raw_key,
+            )
+        )
     if size > max_bytes:
         raise MessageTooLargeError(
             f"message is {size} bytes (data, ordering key and attributes); the limit is "
             f"{max_bytes}: split it, or raise Limits.max_message_bytes"
         )
-    return Encoded(fields, size, key)
+    return Encoded(packed, size, key)
 
 
 def _encode_attributes(attributes: object, fields: list[bytes]) -> int:
@@ -120,7 +194,8 @@ def _encode_attributes(attributes: object, fields: list[bytes]) -> int:
             raise InvalidTypeError(
                 f"attribute {name!r} must have a str value, got {type(value).__name__}"
             )
-        raw_name, raw_value = name.encode(), value.encode()
+        raw_name = _utf8(f"attribute key {name!r}", name)
+        raw_value = _utf8(f"attribute {name!r}", value)
         if not raw_name or len(raw_name) > MAX_ATTRIBUTE_KEY_BYTES:
             raise InvalidArgumentError(
                 f"attribute key {name!r} must be 1 to {MAX_ATTRIBUTE_KEY_BYTES} bytes"
@@ -148,7 +223,7 @@ def decode(fields: Mapping[bytes, bytes]) -> Decoded:
             if name == _DATA:
                 continue
             if name == _KEY:
-                key = value.decode()
+                key = value.decode() or None
                 size += len(value)
             elif name.startswith(_ATTR):
                 attributes[name[2:].decode()] = value.decode()

@@ -15,14 +15,17 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
+from .._backends.base import Backend, TopicRecord
 from .._core.batch import Batch, Batcher
 from .._core.codec import Encoded
 from .._core.partition import StickyPartitioner, partition_for_key
 from .._errors import ClosedError
 from .._settings import BatchSettings
-from .._backends.base import Backend, TopicRecord
 
 __all__ = ["TopicPublisher"]
+
+_KEY_CACHE_SIZE = 65536
+"""Partitions of recent ordering keys, so hot keys are hashed once."""
 
 
 class _Waiter:
@@ -65,6 +68,7 @@ class TopicPublisher:
         self._clock = clock
         self._batcher: Batcher[_Token] = Batcher(settings)
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
+        self._key_partitions: dict[str, int] = {}
         self._ready: collections.deque[Batch[_Token]] = collections.deque()
         self._wake = asyncio.Event()
         self._closed = False
@@ -75,9 +79,15 @@ class TopicPublisher:
         return self._topic
 
     def _partition(self, message: Encoded) -> int:
-        if message.ordering_key is None:
+        key = message.ordering_key
+        if key is None:
             return self._sticky.current
-        return partition_for_key(message.ordering_key, self._topic.partitions)
+        partition = self._key_partitions.get(key)
+        if partition is None:
+            if len(self._key_partitions) >= _KEY_CACHE_SIZE:
+                self._key_partitions.clear()
+            partition = self._key_partitions[key] = partition_for_key(key, self._topic.partitions)
+        return partition
 
     async def publish(self, messages: Sequence[Encoded]) -> list[str]:
         """Queue ``messages`` (already checked) and return their ids once written."""
@@ -92,7 +102,7 @@ class TopicPublisher:
             if batcher.would_overflow(message.size):
                 self._close_batch()
             partition = self._partition(message)
-            if batcher.add(partition, message.fields, message.size, (waiter, index), now):
+            if batcher.add(partition, message.packed, message.size, (waiter, index), now):
                 self._close_batch()
         self._wake.set()
         return await waiter.future
@@ -126,7 +136,7 @@ class TopicPublisher:
             await self._write(self._ready.popleft())
 
     async def _write(self, batch: Batch[_Token]) -> None:
-        payload = {p: [fields for fields, _ in messages] for p, messages in batch.items()}
+        payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
         try:
             ids = await self._backend.append(self._topic, payload)
         except Exception as exc:  # every publish of the batch learns of the failure

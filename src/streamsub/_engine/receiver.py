@@ -34,6 +34,7 @@ from .._core.retry import backoff
 from .._errors import StreamsubError
 from .._message import Message
 from .._settings import FlowControl, RetryPolicy
+from ._eager import start_eager
 
 __all__ = ["Handler", "Receiver", "ReceiverStatistics"]
 
@@ -224,11 +225,11 @@ class Receiver:
     def _dispatch(self, messages: list[Message]) -> None:
         if not messages:
             return
-        loop = asyncio.get_running_loop()
         for message in messages:
-            task = loop.create_task(self._run(message))
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
+            task = start_eager(self._run(message))
+            if task is not None:
+                self._handlers.add(task)
+                task.add_done_callback(self._handlers.discard)
 
     async def _run(self, message: Message) -> None:
         try:
@@ -276,7 +277,9 @@ class Receiver:
         if seconds <= 0:
             self.settle_nack(message)
         else:
-            self._leases.set_deadline((message._partition, message._entry_id), self._clock(), seconds)
+            self._leases.set_deadline(
+                (message._partition, message._entry_id), self._clock(), seconds
+            )
 
     def _release(self, message: Message, *, started: bool) -> None:
         """Give a message back at once, at shutdown: not a failure, no backoff."""
@@ -394,7 +397,7 @@ class Receiver:
             errors.reset()
 
     async def _sweep(self, min_idle_ms: int) -> None:
-        cursors = {p: "0-0" for p in range(self._topic.partitions)}
+        cursors = dict.fromkeys(range(self._topic.partitions), "0-0")
         while cursors:
             budget = self._flow.read_budget()
             if budget <= 0:
@@ -436,4 +439,3 @@ class _Backoff:
         self._delay = min(high, self._delay * 2 or low)
         log.warning("streamsub: %s failed (%s); retrying in %.2f s", what, exc, self._delay)
         await asyncio.sleep(self._delay)
-

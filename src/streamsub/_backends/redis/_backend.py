@@ -32,10 +32,7 @@ def redact(url: str) -> str:
     if parts.password is None:
         return url
     netloc = parts.hostname or ""
-    if parts.username:
-        netloc = f"{parts.username}:***@{netloc}"
-    else:
-        netloc = f":***@{netloc}"
+    netloc = f"{parts.username}:***@{netloc}" if parts.username else f":***@{netloc}"
     if parts.port:
         netloc += f":{parts.port}"
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
@@ -48,7 +45,7 @@ class _Script:
         self.source = source
         self.sha: str | None = None
 
-    async def load(self, client: aioredis.Redis) -> str:
+    async def load(self, client: Any) -> str:
         self.sha = str(await client.script_load(self.source))
         return self.sha
 
@@ -58,6 +55,9 @@ class RedisBackend:
 
     def __init__(self, url: str, *, max_connections: int = 64) -> None:
         self._url = url
+        # redis-py types its asyncio commands as ``Awaitable[T] | T``; the
+        # results are checked where they are read instead.
+        self._redis: Any
         try:
             self._redis = aioredis.Redis.from_url(
                 url,
@@ -272,20 +272,14 @@ class RedisBackend:
         return infos
 
     # --- data ------------------------------------------------------------------
-    async def append(
-        self, topic: TopicRecord, batch: Mapping[int, Sequence[Sequence[bytes]]]
-    ) -> dict[int, list[str]]:
+    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
         keys = self._keys(topic)
-        calls: list[tuple[int, Sequence[str], Sequence[Any]]] = []
-        for partition, messages in batch.items():
-            args: list[Any] = []
-            for fields in messages:
-                args.append(len(fields))
-                args.extend(fields)
-            calls.append((partition, [keys[partition]], args))
+        calls: list[tuple[int, Sequence[str], Sequence[Any]]] = [
+            (partition, [keys[partition]], [packed]) for partition, packed in batch.items()
+        ]
         with self._errors():
             if len(calls) == 1:
-                partition, one_key, args = calls[0]
+                _partition, one_key, args = calls[0]
                 results = [await self._evalsha(self._append, one_key, args)]
             else:
                 results = await self._evalsha_many(self._append, calls)
@@ -335,7 +329,11 @@ class RedisBackend:
         streams = {keys[p]: ">" for p in partitions}
         with self._errors():
             reply = await self._redis.xreadgroup(
-                group, consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+                group,
+                consumer,
+                streams,
+                count=count,
+                block=block_ms,
             )
         entries: list[Entry] = []
         if not reply:
@@ -367,10 +365,14 @@ class RedisBackend:
         idle_ms: int,
     ) -> dict[int, list[str]]:
         keys = self._keys(topic)
-        calls = [(p, [keys[p]], [group, consumer, idle_ms, *entry_ids]) for p, entry_ids in ids.items()]
+        calls = [
+            (p, [keys[p]], [group, consumer, idle_ms, *entry_ids]) for p, entry_ids in ids.items()
+        ]
         with self._errors():
             replies = await self._evalsha_many(self._set_idle, calls)
-        return {p: [i.decode() for i in reply] for (p, _, _), reply in zip(calls, replies, strict=True)}
+        return {
+            p: [i.decode() for i in reply] for (p, _, _), reply in zip(calls, replies, strict=True)
+        }
 
     async def reclaim(
         self,

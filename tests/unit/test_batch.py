@@ -1,0 +1,131 @@
+"""The publisher's batcher: when a batch closes, and how it groups messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamsub._core.batch import Batcher
+from streamsub._settings import BatchSettings
+
+
+def batcher(
+    max_messages: int = 1000, max_bytes: int = 2**20, max_latency: float = 0.5
+) -> Batcher[str]:
+    """A batcher whose tokens are message names."""
+    settings = BatchSettings(
+        max_messages=max_messages, max_bytes=max_bytes, max_latency=max_latency
+    )
+    return Batcher(settings)
+
+
+def test_new_batcher_is_empty() -> None:
+    """A new batcher holds nothing and has no deadline."""
+    b = batcher()
+    assert len(b) == 0
+    assert b.deadline() is None
+    assert b.take() == {}
+
+
+def test_add_reports_full_at_max_messages() -> None:
+    """add returns True exactly when the batch reaches max_messages."""
+    b = batcher(max_messages=3)
+    assert [b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(3)] == [False, False, True]
+    assert len(b) == 3
+
+
+def test_add_reports_full_at_max_bytes() -> None:
+    """add returns True once the batch's bytes reach max_bytes."""
+    b = batcher(max_bytes=100)
+    assert b.add(0, b"m", 60, "a", now=0.0) is False
+    assert b.add(0, b"m", 39, "b", now=0.0) is False
+    assert b.add(0, b"m", 1, "c", now=0.0) is True
+
+
+def test_add_of_one_message_over_max_bytes_reports_full() -> None:
+    """A single message larger than max_bytes makes a batch of its own that closes at once."""
+    b = batcher(max_bytes=100)
+    assert b.add(0, b"m", 500, "big", now=0.0) is True
+
+
+def test_would_overflow_is_false_for_an_empty_batch() -> None:
+    """An empty batch takes any message, however large, rather than never sending it."""
+    b = batcher(max_bytes=100)
+    assert b.would_overflow(10_000) is False
+
+
+def test_would_overflow_when_the_message_does_not_fit() -> None:
+    """would_overflow is True only when the bytes would go past max_bytes."""
+    b = batcher(max_bytes=100)
+    b.add(0, b"m", 70, "a", now=0.0)
+    assert b.would_overflow(30) is False
+    assert b.would_overflow(31) is True
+
+
+def test_would_overflow_does_not_change_the_batch() -> None:
+    """Asking would_overflow leaves the batch as it was."""
+    b = batcher(max_bytes=100)
+    b.add(0, b"m", 70, "a", now=0.0)
+    b.would_overflow(50)
+    assert len(b) == 1
+    assert b.take() == {0: [(b"m", "a")]}
+
+
+def test_deadline_is_first_add_plus_max_latency() -> None:
+    """The batch must be taken max_latency after its first message, whatever came after."""
+    b = batcher(max_latency=0.25)
+    b.add(0, b"m", 1, "a", now=10.0)
+    b.add(0, b"m", 1, "b", now=10.2)
+    assert b.deadline() == pytest.approx(10.25)
+
+
+def test_deadline_restarts_with_the_next_batch() -> None:
+    """After take, the deadline is None until the next add opens a new batch."""
+    b = batcher(max_latency=0.25)
+    b.add(0, b"m", 1, "a", now=10.0)
+    b.take()
+    assert b.deadline() is None
+    b.add(0, b"m", 1, "b", now=20.0)
+    assert b.deadline() == pytest.approx(20.25)
+
+
+def test_take_groups_by_partition_in_publish_order() -> None:
+    """take returns each partition's messages in the order they were added."""
+    b = batcher()
+    for partition, name in [(1, "a"), (0, "b"), (1, "c"), (2, "d"), (0, "e"), (1, "f")]:
+        b.add(partition, name.encode(), 1, name, now=0.0)
+    batch = b.take()
+    assert batch == {
+        1: [(b"a", "a"), (b"c", "c"), (b"f", "f")],
+        0: [(b"b", "b"), (b"e", "e")],
+        2: [(b"d", "d")],
+    }
+
+
+def test_take_keeps_the_payload_given_to_add() -> None:
+    """The batch hands back the very payload object each message was added with."""
+    b = batcher()
+    payload = b"\x00\x02packed"
+    b.add(3, payload, len(payload), "a", now=0.0)
+    assert b.take()[3][0][0] is payload
+
+
+def test_take_empties_the_batcher() -> None:
+    """After take the batcher is empty and counts bytes and messages afresh."""
+    b = batcher(max_messages=3, max_bytes=100)
+    b.add(0, b"m", 90, "a", now=0.0)
+    b.add(0, b"m", 5, "b", now=0.0)
+    b.take()
+    assert len(b) == 0
+    assert b.take() == {}
+    assert b.would_overflow(95) is False
+    assert b.add(0, b"m", 90, "c", now=1.0) is False
+    assert b.add(0, b"m", 1, "d", now=1.0) is False
+
+
+def test_taken_batch_is_not_changed_by_later_adds() -> None:
+    """A taken batch is the caller's: later adds go to a new batch."""
+    b = batcher()
+    b.add(0, b"m", 1, "a", now=0.0)
+    taken = b.take()
+    b.add(0, b"m", 1, "b", now=0.0)
+    assert taken == {0: [(b"m", "a")]}

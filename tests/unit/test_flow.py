@@ -1,0 +1,273 @@
+"""The subscriber's flow controller: what may be read, and what may run, now."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from streamsub._core.flow import FlowController, FlowStatistics
+from streamsub._settings import FlowControl
+
+
+def controller(max_messages: int = 1000, max_bytes: int = 100) -> FlowController[str]:
+    """A flow controller whose items are message names."""
+    return FlowController(FlowControl(max_messages=max_messages, max_bytes=max_bytes))
+
+
+def test_read_budget_starts_at_max_messages() -> None:
+    """With nothing outstanding a read may ask for max_messages."""
+    assert controller(max_messages=10).read_budget() == 10
+
+
+def test_read_budget_shrinks_with_outstanding_messages() -> None:
+    """Each message read but not yet finished takes one from the read budget."""
+    flow = controller(max_messages=10)
+    flow.received([("a", 1), ("b", 1), ("c", 1)])
+    assert flow.read_budget() == 7
+    flow.finished(1)
+    assert flow.read_budget() == 8
+
+
+def test_read_budget_counts_messages_on_hold() -> None:
+    """Messages waiting on hold are outstanding, so they count against the budget."""
+    flow = controller(max_messages=10, max_bytes=10)
+    assert flow.received([("a", 8), ("b", 8)]) == ["a"]
+    assert flow.statistics().on_hold == 1
+    assert flow.read_budget() == 8
+
+
+def test_read_budget_is_not_positive_after_an_over_read() -> None:
+    """A wide read may bring more than the budget; then no further read is allowed."""
+    flow = controller(max_messages=2)
+    flow.received([("a", 1), ("b", 1), ("c", 1)])
+    assert flow.read_budget() <= 0
+
+
+def test_received_starts_messages_that_fit() -> None:
+    """Messages that fit under both limits start at once, in arrival order."""
+    flow = controller(max_messages=10, max_bytes=100)
+    assert flow.received([("a", 10), ("b", 20), ("c", 30)]) == ["a", "b", "c"]
+    assert flow.statistics() == FlowStatistics(3, 3, 60, 0)
+
+
+def test_received_holds_by_bytes_in_arrival_order() -> None:
+    """A message that does not fit waits, and later smaller ones wait behind it."""
+    flow = controller(max_bytes=100)
+    assert flow.received([("a", 60), ("b", 60), ("c", 10)]) == ["a"]
+    assert flow.statistics().on_hold == 2
+    assert flow.received([("d", 1)]) == []
+    assert flow.finished(60) == ["b", "c", "d"]
+
+
+def test_max_messages_bounds_running_handlers() -> None:
+    """No more than max_messages run at once; the rest wait on hold."""
+    flow = controller(max_messages=2, max_bytes=1000)
+    assert flow.received([("a", 1), ("b", 1), ("c", 1)]) == ["a", "b"]
+    assert flow.statistics().running_messages == 2
+    assert flow.finished(1) == ["c"]
+
+
+def test_a_message_larger_than_max_bytes_starts_at_once_when_nothing_runs() -> None:
+    """A message larger than max_bytes starts if nothing else runs."""
+    flow = controller(max_bytes=100)
+    assert flow.received([("big", 500)]) == ["big"]
+    assert flow.statistics().running_bytes == 500
+
+
+def test_a_message_larger_than_max_bytes_starts_once_nothing_else_runs() -> None:
+    """A message larger than max_bytes waits for running ones, then runs alone."""
+    flow = controller(max_bytes=100)
+    assert flow.received([("a", 10), ("b", 10)]) == ["a", "b"]
+    assert flow.received([("big", 500), ("c", 1)]) == []
+    assert flow.finished(10) == []
+    assert flow.finished(10) == ["big"]
+    assert flow.received([("d", 1)]) == []
+    assert flow.finished(500) == ["c", "d"]
+
+
+def test_finished_releases_bytes_and_admits_what_now_fits() -> None:
+    """Finishing a message frees its bytes and starts held messages that now fit."""
+    flow = controller(max_bytes=100)
+    flow.received([("a", 50), ("b", 50), ("c", 40), ("d", 20)])
+    assert flow.statistics() == FlowStatistics(4, 2, 100, 2)
+    assert flow.finished(50) == ["c"]
+    assert flow.statistics() == FlowStatistics(3, 2, 90, 1)
+    assert flow.finished(50) == ["d"]
+    assert flow.statistics() == FlowStatistics(2, 2, 60, 0)
+
+
+def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
+    """A held message released unstarted frees its read slot but no running slot."""
+    flow = controller(max_messages=5, max_bytes=10)
+    flow.received([("a", 8), ("b", 8)])
+    assert flow.drain_hold() == ["b"]
+    assert flow.finished(8, started=False) == []
+    assert flow.statistics() == FlowStatistics(1, 1, 8, 0)
+    assert flow.read_budget() == 4
+
+
+def test_drain_hold_takes_every_held_message_in_order() -> None:
+    """drain_hold returns the messages on hold in arrival order and empties the hold."""
+    flow = controller(max_messages=1)
+    flow.received([("a", 1), ("b", 1), ("c", 1)])
+    assert flow.drain_hold() == ["b", "c"]
+    assert flow.drain_hold() == []
+    assert flow.statistics() == FlowStatistics(3, 1, 1, 0)
+
+
+def test_drained_messages_stay_outstanding_until_finished() -> None:
+    """Drained messages still count against the read budget until each is finished."""
+    flow = controller(max_messages=3)
+    flow.received([("a", 1), ("b", 1), ("c", 1), ("d", 1)])
+    flow.drain_hold()
+    assert flow.read_budget() == -1
+    flow.finished(1, started=False)
+    assert flow.read_budget() == 0
+
+
+def test_drain_hold_means_finishing_starts_nothing_more() -> None:
+    """After drain_hold (shutdown), finishing running messages starts none of the drained ones."""
+    flow = controller(max_messages=1)
+    flow.received([("a", 1), ("b", 1)])
+    flow.drain_hold()
+    assert flow.finished(1) == []
+
+
+def test_statistics_is_a_frozen_snapshot() -> None:
+    """statistics() returns a frozen value that later changes do not alter."""
+    flow = controller()
+    flow.received([("a", 5)])
+    snapshot = flow.statistics()
+    flow.received([("b", 7)])
+    assert snapshot == FlowStatistics(
+        outstanding_messages=1, running_messages=1, running_bytes=5, on_hold=0
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snapshot.running_bytes = 0  # type: ignore[misc]
+
+
+def test_empty_receive_starts_nothing() -> None:
+    """Receiving no messages changes nothing."""
+    flow = controller()
+    assert flow.received([]) == []
+    assert flow.statistics() == FlowStatistics(0, 0, 0, 0)
+
+
+class FlowMachine(RuleBasedStateMachine):
+    """Random reads, finishes and shutdown drains against a model of the controller."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next_id = 0
+        self.sizes: dict[int, int] = {}
+        self.arrived: list[int] = []
+        self.started: list[int] = []
+        self.running: set[int] = set()
+        self.held: collections.deque[int] = collections.deque()
+        self.drained: list[int] = []
+        self.finished_count = 0
+
+    @initialize(
+        max_messages=st.integers(min_value=1, max_value=8),
+        max_bytes=st.integers(min_value=1, max_value=200),
+        partitions=st.integers(min_value=1, max_value=4),
+    )
+    def setup(self, max_messages: int, max_bytes: int, partitions: int) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.partitions = partitions
+        self.flow: FlowController[int] = FlowController(
+            FlowControl(max_messages=max_messages, max_bytes=max_bytes)
+        )
+
+    def _start(self, items: list[int]) -> None:
+        for item in items:
+            assert item not in self.started, "a message started twice"
+            assert item not in self.drained, "a drained message started"
+            assert self.held, "a message started that was not on hold"
+            assert self.held[0] == item, "a message overtook the hold"
+            self.held.popleft()
+            self.started.append(item)
+            self.running.add(item)
+
+    @precondition(lambda self: self.flow.read_budget() > 0)
+    @rule(data=st.data())
+    def receive(self, data: st.DataObject) -> None:
+        # A read over P partitions asks at least one each, so up to P-1 past the budget.
+        most = self.flow.read_budget() + self.partitions - 1
+        sizes = data.draw(st.lists(st.integers(0, 300), min_size=1, max_size=most))
+        items = []
+        for size in sizes:
+            self.sizes[self.next_id] = size
+            items.append((self.next_id, size))
+            self.arrived.append(self.next_id)
+            self.held.append(self.next_id)
+            self.next_id += 1
+        self._start(self.flow.received(items))
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        item = data.draw(st.sampled_from(sorted(self.running)))
+        self.running.remove(item)
+        self.finished_count += 1
+        self._start(self.flow.finished(self.sizes[item]))
+
+    @rule()
+    def drain(self) -> None:
+        drained = self.flow.drain_hold()
+        assert drained == list(self.held)
+        self.held.clear()
+        for item in drained:
+            self.drained.append(item)
+            self.finished_count += 1
+            self._start(self.flow.finished(self.sizes[item], started=False))
+
+    @invariant()
+    def within_limits(self) -> None:
+        stats = self.flow.statistics()
+        assert stats.running_messages <= self.max_messages
+        if stats.running_messages > 1:
+            assert stats.running_bytes <= self.max_bytes
+        assert stats.outstanding_messages >= 0
+        assert stats.running_messages >= 0
+        assert stats.running_bytes >= 0
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        stats = self.flow.statistics()
+        assert stats.running_messages == len(self.running)
+        assert stats.running_bytes == sum(self.sizes[i] for i in self.running)
+        assert stats.on_hold == len(self.held)
+        assert stats.outstanding_messages == len(self.arrived) - self.finished_count
+        assert self.flow.read_budget() == self.max_messages - stats.outstanding_messages
+
+    @invariant()
+    def starts_in_arrival_order(self) -> None:
+        not_drained = [i for i in self.arrived if i not in set(self.drained)]
+        assert self.started == not_drained[: len(self.started)]
+
+    @invariant()
+    def never_stalls(self) -> None:
+        # The head of the hold waits only because it does not fit beside what runs.
+        if self.held:
+            assert self.running
+            head = self.sizes[self.held[0]]
+            running_bytes = sum(self.sizes[i] for i in self.running)
+            assert len(self.running) >= self.max_messages or running_bytes + head > self.max_bytes
+
+
+def test_flow_controller_invariants_hold_under_random_events() -> None:
+    """Under any reads, finishes and drains the limits hold, order is kept and nothing stalls."""
+    run_state_machine_as_test(FlowMachine)
