@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import os
 import socket
 import time
@@ -54,8 +55,12 @@ DEFAULT_MAX_LEASE_DURATION = 3600.0
 """Pub/Sub's default: a message is extended for at most an hour."""
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 """How long leaving ``subscribe()`` waits for running handlers."""
+DEFAULT_CONSUMER_EXPIRY = 3600.0
+"""A consumer idle this long with nothing pending is deleted from the group."""
 
 Start = Literal["latest", "earliest"]
+
+log = logging.getLogger("streamsub")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -487,6 +492,7 @@ class Client:
         consumer: str | None = None,
         max_lease_duration: float = DEFAULT_MAX_LEASE_DURATION,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        consumer_expiry: float = DEFAULT_CONSUMER_EXPIRY,
     ) -> Subscriber:
         """Stream ``subscription`` to ``handler`` while the ``async with`` block runs.
 
@@ -495,13 +501,31 @@ class Client:
         that raises nacks; with ``"manual"`` the handler calls ``message.ack()``
         or ``message.nack()``. ``flow_control`` bounds what is held at once
         (default 1000 messages, 100 MiB). ``consumer`` names this subscriber in
-        the consumer group (default: host, pid and a random suffix).
+        the consumer group (default: host, pid and a random suffix, unique per
+        live process). Messages are leased while their handlers run, for at most
+        ``max_lease_duration`` (default 1 hour). Leaving the block waits up to
+        ``shutdown_timeout`` (default 30 s) for running handlers. Consumers of
+        the group idle for ``consumer_expiry`` (default 1 hour) that hold no
+        message are deleted.
         """
         self._check_open()
         if not callable(handler):
             raise InvalidTypeError(f"handler must be callable, got {handler!r}")
         if ack_mode not in ("auto", "manual"):
             raise InvalidArgumentError(f"ack_mode must be 'auto' or 'manual', got {ack_mode!r}")
+        for name, value in (
+            ("max_lease_duration", max_lease_duration),
+            ("shutdown_timeout", shutdown_timeout),
+            ("consumer_expiry", consumer_expiry),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise InvalidArgumentError(f"{name} must be seconds > 0, got {value!r}")
+        if max_lease_duration > DEFAULT_MAX_LEASE_DURATION:
+            log.warning(
+                "streamsub: max_lease_duration=%s s is over an hour: a stuck handler holds its "
+                "message that long before another subscriber may take it",
+                max_lease_duration,
+            )
         if flow_control is not None and not isinstance(flow_control, FlowControl):
             raise InvalidTypeError(
                 f"flow_control must be a streamsub.FlowControl, got {flow_control!r}"
@@ -515,6 +539,7 @@ class Client:
             consumer=consumer or _default_consumer(),
             max_lease_duration=max_lease_duration,
             shutdown_timeout=shutdown_timeout,
+            consumer_expiry=consumer_expiry,
         )
 
 
@@ -532,8 +557,10 @@ class Subscriber:
         consumer: str,
         max_lease_duration: float,
         shutdown_timeout: float,
+        consumer_expiry: float,
     ) -> None:
         self._client = client
+        self._consumer_expiry = consumer_expiry
         self._subscription = subscription
         self._handler = handler
         self._flow_control = flow_control
@@ -549,10 +576,16 @@ class Subscriber:
         client._check_open()
         record = await client._subscription_record(self._subscription)
         topic = await client._topic_record(record.topic)
+        dead_letter_name = record.settings.get("dead_letter_topic")
+        dead_letter_topic = None
+        if isinstance(dead_letter_name, str):
+            dead_letter_topic = await client._topic_record(dead_letter_name)
         self._receiver = Receiver(
             backend=client._backend,
             topic=topic,
             subscription=record,
+            dead_letter_topic=dead_letter_topic,
+            consumer_expiry=self._consumer_expiry,
             handler=self._handler,
             flow_control=self._flow_control,
             ack_mode=self._ack_mode,

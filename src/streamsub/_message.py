@@ -31,6 +31,7 @@ class Message:
     """
 
     __slots__ = (
+        "_delivered_ms",
         "_entry_id",
         "_partition",
         "_receiver",
@@ -54,6 +55,7 @@ class Message:
         delivery_attempt: int,
         subscription: str,
         size: int,
+        delivered_ms: int,
         receiver: Receiver,
     ) -> None:
         self.data = data
@@ -65,6 +67,7 @@ class Message:
         self._partition = partition
         self._entry_id = entry_id
         self._size = size
+        self._delivered_ms = delivered_ms
         self._receiver = receiver
 
     @property
@@ -94,9 +97,27 @@ class Message:
         """
         self._receiver.settle_ack(self)
 
+    async def ack_with_response(self) -> None:
+        """Acknowledge, and return once the server confirms it.
+
+        Raises :class:`AckError` with status ``INVALID_ACK_ID`` when this
+        subscriber no longer owns the message (its lease was lost and another
+        subscriber may have it): the ack did not take effect. Use it with
+        subscriptions created with ``enable_exactly_once_delivery=True``.
+        """
+        await self._receiver.ack_with_response(self)
+
     async def nack(self) -> None:
-        """Give the message back: it is delivered again after the retry policy's backoff."""
+        """Give the message back: it is delivered again after the retry policy's
+        backoff, or goes to the dead-letter topic when this was its last attempt."""
         self._receiver.settle_nack(self)
+
+    async def dead_letter(self, reason: str) -> None:
+        """Send the message to the subscription's dead-letter topic now, with ``reason``.
+
+        Raises :class:`FailedPreconditionError` when the subscription has none.
+        """
+        self._receiver.settle_dead_letter(self, reason)
 
     async def modify_ack_deadline(self, seconds: float) -> None:
         """End this message's lease ``seconds`` from now (0 = nack now).

@@ -298,13 +298,15 @@ async def test_delete_subscription_keeps_messages(
 
 
 async def test_subscription_stats(client: streamsub.Client) -> None:
-    """subscription_stats counts the topic's messages and, before any read, no pending ones."""
+    """subscription_stats counts the topic's messages and, before any read, no pending ones
+    and all of them as lag (where the server reports lag)."""
     await client.create_topic("orders")
     await client.create_subscription("billing", topic="orders")
     await client.publish_many("orders", [b"a", b"b", b"c"])
     stats = await client.subscription_stats("billing")
     assert (stats.subscription, stats.topic) == ("billing", "orders")
-    assert (stats.messages, stats.pending, stats.lag) == (3, 0, 3)
+    assert (stats.messages, stats.pending) == (3, 0)
+    assert stats.lag in (3, None)  # Redis 6.2 does not report lag
     assert len(stats.partitions) == 16
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 __all__ = [
     "Backend",
     "Entry",
     "GroupInfo",
-    "PendingEntry",
+    "ReclaimState",
+    "Reclaimed",
     "SubscriptionRecord",
     "TopicRecord",
 ]
@@ -53,15 +54,17 @@ class Entry:
     delivery_count: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PendingEntry:
-    """An entry in a group's pending list."""
+ReclaimState = Literal["deliver", "exhausted", "lost"]
 
-    partition: int
-    entry_id: str
-    consumer: str
-    idle_ms: int
-    delivery_count: int
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reclaimed:
+    """An entry the reclaimer took: deliver it, dead-letter it, or count it lost."""
+
+    entry: Entry
+    state: ReclaimState
+    first_delivery_ms: int
+    last_delivery_ms: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,20 +150,35 @@ class Backend(Protocol):
         """Deliver up to ``count`` new entries per partition to ``consumer``."""
         ...
 
-    async def ack(self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]) -> int:
-        """Acknowledge entries; return how many were pending."""
+    async def ack(
+        self,
+        topic: TopicRecord,
+        group: str,
+        ids: Mapping[int, Sequence[str]],
+        forget: Mapping[int, Sequence[str]] | None = None,
+    ) -> int:
+        """Acknowledge entries; return how many were pending. ``forget`` names
+        redelivered ones whose delivery-time records can go."""
         ...
 
-    async def set_idle(
+    async def extend(
+        self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
+    ) -> dict[int, list[str]]:
+        """Reset the idle time of entries ``consumer`` still owns, without counting a
+        delivery (a lease extension); return the ids it still owns."""
+        ...
+
+    async def nack(
         self,
         topic: TopicRecord,
         group: str,
         consumer: str,
-        ids: Mapping[int, Sequence[str]],
-        idle_ms: int,
+        items: Mapping[int, Sequence[tuple[str, int, int]]],
+        min_idle_ms: int,
     ) -> dict[int, list[str]]:
-        """Set the idle time of entries ``consumer`` still owns (0 extends a lease,
-        the ack deadline releases it); return the ids it still owns."""
+        """Give back entries ``consumer`` still owns, as (id, delay ms, delivery time
+        ms): each is reclaimable ``delay`` after now, by reclaimers whose min-idle is
+        ``min_idle_ms``. Return the ids it still owned."""
         ...
 
     async def reclaim(
@@ -171,9 +189,39 @@ class Backend(Protocol):
         cursors: Mapping[int, str],
         min_idle_ms: int,
         count: int,
-    ) -> tuple[list[Entry], dict[int, str], dict[int, list[str]]]:
+        max_attempts: int,
+    ) -> tuple[list[Reclaimed], dict[int, str]]:
         """Claim up to ``count`` entries per partition idle >= ``min_idle_ms``,
-        scanning from each cursor; return the entries (with exact delivery
-        counts), the next cursors, and per partition the ids that were pending
-        but had been trimmed (lost)."""
+        scanning from each cursor (``"-"`` starts a sweep); return them and the next
+        cursors (``"0-0"`` = done). Entries delivered ``max_attempts`` times (0 = no
+        limit) come back exhausted, held but not counted as delivered again."""
+        ...
+
+    async def ack_owned(
+        self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
+    ) -> dict[int, list[str]]:
+        """Acknowledge only entries ``consumer`` still owns; return those acknowledged."""
+        ...
+
+    async def dead_letter(
+        self,
+        topic: TopicRecord,
+        group: str,
+        partition: int,
+        entry_id: str,
+        target: TopicRecord,
+        target_partition: int,
+        packed: bytes,
+        first_delivery_ms: int | None,
+        last_delivery_ms: int | None,
+    ) -> str:
+        """Append ``packed`` (plus its delivery times) to ``target`` and acknowledge
+        the source entry; return the dead letter's message id. Never loses the
+        message: where the two cannot be one step, append comes first."""
+        ...
+
+    async def delete_idle_consumers(
+        self, topic: TopicRecord, group: str, min_idle_ms: int
+    ) -> list[str]:
+        """Delete consumers with no pending entries idle for ``min_idle_ms``."""
         ...

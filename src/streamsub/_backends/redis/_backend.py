@@ -16,10 +16,13 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from ..._errors import BackendError, UnavailableError
-from ..base import Entry, GroupInfo, SubscriptionRecord, TopicRecord
+from ..base import Entry, GroupInfo, Reclaimed, ReclaimState, SubscriptionRecord, TopicRecord
 from . import _keys
 
 __all__ = ["RedisBackend"]
+
+_RECLAIM_STATES: tuple[ReclaimState, ...] = ("deliver", "exhausted", "lost")
+"""Index = the state number reclaim.lua returns."""
 
 
 def _script(name: str) -> str:
@@ -73,8 +76,12 @@ class RedisBackend:
             ) from exc
         self._append = _Script(_script("append.lua"))
         self._create_record = _Script(_script("create_record.lua"))
-        self._set_idle = _Script(_script("extend.lua"))
+        self._extend = _Script(_script("extend.lua"))
+        self._nack = _Script(_script("nack.lua"))
         self._reclaim = _Script(_script("reclaim.lua"))
+        self._dead_letter = _Script(_script("dead_letter.lua"))
+        self._ack_owned = _Script(_script("ack_owned.lua"))
+        self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -235,8 +242,12 @@ class RedisBackend:
     async def delete_subscription(self, record: SubscriptionRecord, topic: TopicRecord) -> None:
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
-                for key in self._keys(topic):
+                for partition, key in enumerate(self._keys(topic)):
                     pipe.xgroup_destroy(key, record.name)
+                    pipe.delete(
+                        _keys.delay_key(topic.name, partition, record.name),
+                        _keys.times_key(topic.name, partition, record.name),
+                    )
                 pipe.delete(_keys.subscription_key(record.name))
                 pipe.srem(_keys.SUBSCRIPTIONS, record.name)
                 await pipe.execute(raise_on_error=False)
@@ -345,34 +356,59 @@ class RedisBackend:
                 entries.append(Entry(partition, entry_id.decode(), fields, 1))
         return entries
 
-    async def ack(self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]) -> int:
+    async def ack(
+        self,
+        topic: TopicRecord,
+        group: str,
+        ids: Mapping[int, Sequence[str]],
+        forget: Mapping[int, Sequence[str]] | None = None,
+    ) -> int:
         keys = self._keys(topic)
         with self._errors():
-            if len(ids) == 1:
+            if len(ids) == 1 and not forget:
                 ((partition, entry_ids),) = ids.items()
                 return int(await self._redis.xack(keys[partition], group, *entry_ids))
             async with self._redis.pipeline(transaction=False) as pipe:
                 for partition, entry_ids in ids.items():
                     pipe.xack(keys[partition], group, *entry_ids)
-                return sum(int(n) for n in await pipe.execute())
+                for partition, entry_ids in (forget or {}).items():
+                    pipe.hdel(_keys.times_key(topic.name, partition, group), *entry_ids)
+                replies = await pipe.execute()
+        return sum(int(n) for n in replies[: len(ids)])
 
-    async def set_idle(
+    def _companions(self, topic: TopicRecord, partition: int, group: str) -> list[str]:
+        return [
+            self._keys(topic)[partition],
+            _keys.delay_key(topic.name, partition, group),
+            _keys.times_key(topic.name, partition, group),
+        ]
+
+    async def extend(
+        self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
+    ) -> dict[int, list[str]]:
+        keys = self._keys(topic)
+        calls = [(p, [keys[p]], [group, consumer, *entry_ids]) for p, entry_ids in ids.items()]
+        with self._errors():
+            replies = await self._evalsha_many(self._extend, calls)
+        return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
+
+    async def nack(
         self,
         topic: TopicRecord,
         group: str,
         consumer: str,
-        ids: Mapping[int, Sequence[str]],
-        idle_ms: int,
+        items: Mapping[int, Sequence[tuple[str, int, int]]],
+        min_idle_ms: int,
     ) -> dict[int, list[str]]:
-        keys = self._keys(topic)
-        calls = [
-            (p, [keys[p]], [group, consumer, idle_ms, *entry_ids]) for p, entry_ids in ids.items()
-        ]
+        calls = []
+        for partition, entries in items.items():
+            args: list[Any] = [group, consumer, min_idle_ms]
+            for entry_id, delay_ms, delivered_ms in entries:
+                args += (entry_id, delay_ms, delivered_ms)
+            calls.append((partition, self._companions(topic, partition, group), args))
         with self._errors():
-            replies = await self._evalsha_many(self._set_idle, calls)
-        return {
-            p: [i.decode() for i in reply] for (p, _, _), reply in zip(calls, replies, strict=True)
-        }
+            replies = await self._evalsha_many(self._nack, calls)
+        return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
 
     async def reclaim(
         self,
@@ -382,22 +418,76 @@ class RedisBackend:
         cursors: Mapping[int, str],
         min_idle_ms: int,
         count: int,
-    ) -> tuple[list[Entry], dict[int, str], dict[int, list[str]]]:
-        keys = self._keys(topic)
+        max_attempts: int,
+    ) -> tuple[list[Reclaimed], dict[int, str]]:
         calls = [
-            (p, [keys[p]], [group, consumer, min_idle_ms, cursor, count])
+            (
+                p,
+                self._companions(topic, p, group),
+                [group, consumer, min_idle_ms, cursor, count, max_attempts],
+            )
             for p, cursor in cursors.items()
         ]
         with self._errors():
             replies = await self._evalsha_many(self._reclaim, calls)
-        entries: list[Entry] = []
+        found: list[Reclaimed] = []
         next_cursors: dict[int, str] = {}
-        lost: dict[int, list[str]] = {}
-        for (partition, _, _), (cursor, items, counts, deleted) in zip(calls, replies, strict=True):
+        for (partition, _, _), (cursor, items) in zip(calls, replies, strict=True):
             next_cursors[partition] = cursor.decode()
-            for (entry_id, flat), delivered in zip(items, counts, strict=True):
-                fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-                entries.append(Entry(partition, entry_id.decode(), fields, int(delivered)))
-            if deleted:
-                lost[partition] = [i.decode() for i in deleted]
-        return entries, next_cursors, lost
+            for entry_id, flat, delivered, first, last, state in items:
+                fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)} if flat else {}
+                found.append(
+                    Reclaimed(
+                        Entry(partition, entry_id.decode(), fields, int(delivered)),
+                        state=_RECLAIM_STATES[int(state)],
+                        first_delivery_ms=int(first),
+                        last_delivery_ms=int(last),
+                    )
+                )
+        return found, next_cursors
+
+    async def ack_owned(
+        self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
+    ) -> dict[int, list[str]]:
+        calls = [
+            (p, self._companions(topic, p, group)[::2], [group, consumer, *entry_ids])
+            for p, entry_ids in ids.items()
+        ]
+        with self._errors():
+            replies = await self._evalsha_many(self._ack_owned, calls)
+        return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
+
+    async def dead_letter(
+        self,
+        topic: TopicRecord,
+        group: str,
+        partition: int,
+        entry_id: str,
+        target: TopicRecord,
+        target_partition: int,
+        packed: bytes,
+        first_delivery_ms: int | None,
+        last_delivery_ms: int | None,
+    ) -> str:
+        # One server: the step is atomic. (Cluster: append, then ack.)
+        stream, delays, times = self._companions(topic, partition, group)
+        keys = [stream, self._keys(target)[target_partition], times, delays]
+        args = [
+            group,
+            entry_id,
+            "" if first_delivery_ms is None else first_delivery_ms,
+            "" if last_delivery_ms is None else last_delivery_ms,
+            packed,
+        ]
+        with self._errors():
+            new_id = await self._evalsha(self._dead_letter, keys, args)
+        return f"{target_partition}-{new_id.decode()}"
+
+    async def delete_idle_consumers(
+        self, topic: TopicRecord, group: str, min_idle_ms: int
+    ) -> list[str]:
+        keys = self._keys(topic)
+        calls = [(p, [keys[p]], [group, min_idle_ms]) for p in range(topic.partitions)]
+        with self._errors():
+            replies = await self._evalsha_many(self._delete_idle_consumers, calls)
+        return sorted({name.decode() for reply in replies for name in reply})

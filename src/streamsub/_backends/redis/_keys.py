@@ -12,8 +12,10 @@ __all__ = [
     "LAYOUT",
     "SUBSCRIPTIONS",
     "TOPICS",
+    "delay_key",
     "stream_key",
     "subscription_key",
+    "times_key",
     "topic_key",
 ]
 
@@ -35,3 +37,15 @@ def subscription_key(name: str) -> str:
 def stream_key(topic: str, partition: int) -> str:
     """The stream of one partition of ``topic``."""
     return f"ss:{{{topic}.{partition}}}"
+
+
+def delay_key(topic: str, partition: int, group: str) -> str:
+    """The sorted set of a group's entries nacked with a delay longer than the
+    ack deadline (score: when they are due, ms); it shares the stream's tag."""
+    return f"ss:{{{topic}.{partition}}}:delay:{group}"
+
+
+def times_key(topic: str, partition: int, group: str) -> str:
+    """The hash of a group's first and last delivery times (``first:last`` ms) of
+    entries that were nacked; it shares the stream's tag."""
+    return f"ss:{{{topic}.{partition}}}:times:{group}"

@@ -1,20 +1,61 @@
--- Claim entries idle for at least min-idle (a crashed or slow consumer's, or
--- nacked ones) for this consumer, with their exact delivery counts.
--- KEYS[1]: the stream. ARGV: group, consumer, min-idle ms, cursor, count.
--- Returns {next cursor, entries, delivery counts, ids of entries that were
--- pending but no longer exist (trimmed: lost, and now removed from the PEL)}.
-local key, group = KEYS[1], ARGV[1]
-local reply = redis.call('XAUTOCLAIM', key, group, ARGV[2], ARGV[3], ARGV[4], 'COUNT', ARGV[5])
-local entries, counts, deleted = {}, {}, reply[3] or {}
-for _, entry in ipairs(reply[2]) do
-  if entry[2] then
-    local pending = redis.call('XPENDING', key, group, entry[1], entry[1], 1)
-    entries[#entries + 1] = entry
-    counts[#counts + 1] = pending[1] and pending[1][4] or 1
-  else
-    -- Redis 6.2 keeps a trimmed entry in the PEL and returns it without fields.
-    redis.call('XACK', key, group, entry[1])
-    deleted[#deleted + 1] = entry[1]
+-- Claim, for this consumer, the entries of one partition idle for at least
+-- min-idle: a crashed or hung consumer's, or nacked ones whose backoff passed.
+-- KEYS[1]: the stream, KEYS[2]: the subscription's delay set (nacks delayed
+-- longer than min-idle), KEYS[3]: its delivery-time records.
+-- ARGV: group, consumer, min-idle ms, start ("-" on a sweep's first call, then
+-- the cursor returned), count, max delivery attempts (0 = no limit).
+-- Returns {cursor ("0-0" when done), items}; each item is
+-- {id, fields or false, delivery count, first delivery ms, last delivery ms, state}
+-- with state 0 = deliver (its count was incremented), 1 = exhausted (held for
+-- dead-lettering, count unchanged), 2 = lost (trimmed while pending; now acked).
+local key, delays, times = KEYS[1], KEYS[2], KEYS[3]
+local group, consumer = ARGV[1], ARGV[2]
+local min_idle, start = tonumber(ARGV[3]), ARGV[4]
+local count, max_attempts = tonumber(ARGV[5]), tonumber(ARGV[6])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+if start == '-' then
+  -- Delayed nacks: release those that are due, keep the rest from going idle.
+  local due = redis.call('ZRANGEBYSCORE', delays, '-inf', now)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', delays, id)
+    redis.call('XCLAIM', key, group, consumer, 0, id, 'IDLE', min_idle, 'JUSTID')
+  end
+  local waiting = redis.call('ZRANGEBYSCORE', delays, '(' .. now, '+inf')
+  for i = 1, #waiting, 100 do
+    redis.call('XCLAIM', key, group, consumer, 0,
+      unpack(waiting, i, math.min(i + 99, #waiting)), 'IDLE', 0, 'JUSTID')
   end
 end
-return {reply[1], entries, counts, deleted}
+
+local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, '+', count)
+local items = {}
+for _, p in ipairs(pending) do
+  local id, idle, delivered = p[1], p[3], p[4]
+  local record = redis.call('HGET', times, id)
+  local first, last = now - idle, now - idle
+  if record then
+    local sep = string.find(record, ':', 1, true)
+    first, last = tonumber(string.sub(record, 1, sep - 1)), tonumber(string.sub(record, sep + 1))
+  end
+  local entry = redis.call('XRANGE', key, id, id)
+  if #entry == 0 then
+    redis.call('XACK', key, group, id)
+    redis.call('HDEL', times, id)
+    items[#items + 1] = {id, false, delivered, first, last, 2}
+  elseif max_attempts > 0 and delivered >= max_attempts then
+    redis.call('XCLAIM', key, group, consumer, 0, id, 'JUSTID')
+    items[#items + 1] = {id, entry[1][2], delivered, first, last, 1}
+  else
+    local claimed = redis.call('XCLAIM', key, group, consumer, min_idle, id)
+    if claimed[1] then
+      items[#items + 1] = {id, claimed[1][2], delivered + 1, first, last, 0}
+    end
+  end
+end
+local cursor = '0-0'
+if #pending >= count then
+  cursor = '(' .. pending[#pending][1]
+end
+return {cursor, items}
