@@ -242,8 +242,9 @@ def _percentile(ordered: list[float], fraction: float) -> float:
     return ordered[rank]
 
 
-async def _publish(client: streamsub.Client, settings: DemoSettings, ids: list[str]) -> None:
-    """Publish the demo's messages with ordering keys, appending their ids as they land."""
+async def _publish(client: streamsub.Client, settings: DemoSettings, ids: list[str]) -> float:
+    """Publish the demo's messages with ordering keys, appending their ids as they land;
+    return the monotonic time the last one was stored."""
     keys = [f"key-{k}" for k in range(settings.keys)]
     in_flight: collections.deque[asyncio.Task[list[str]]] = collections.deque()
     try:
@@ -262,6 +263,7 @@ async def _publish(client: streamsub.Client, settings: DemoSettings, ids: list[s
                 ids += await in_flight.popleft()
         while in_flight:
             ids += await in_flight.popleft()
+        return time.monotonic()
     finally:
         for task in in_flight:
             task.cancel()
@@ -394,8 +396,8 @@ async def _measure(
                 if not publisher.done():
                     continue
                 if deadline is None:
-                    publisher.result()  # a failed publish ends the demo with its error
-                    publish_seconds = time.monotonic() - start
+                    # a failed publish ends the demo with its error
+                    publish_seconds = publisher.result() - start
                     deadline = time.monotonic() + settings.timeout
                 if len(tally.seen) >= len(published):
                     stats = await client.subscription_stats(SUBSCRIPTION)
@@ -409,12 +411,16 @@ async def _measure(
     return _Timing(wall_start, publish_seconds, timed_out)
 
 
+def _count(n: int, noun: str, plural: str = "s") -> str:
+    return f"{n:,} {noun}{plural * (n != 1)}"
+
+
 def summary(result: DemoResult, settings: DemoSettings) -> Table:
     """The demo's result as a table."""
     table = Table(
         title="streamsub demo",
-        caption=f"{settings.subscribers} subscriber processes, {settings.partitions} partitions, "
-        f"{settings.keys:,} ordering keys",
+        caption=f"{_count(settings.subscribers, 'subscriber process', 'es')}, "
+        f"{_count(settings.partitions, 'partition')}, {_count(settings.keys, 'ordering key')}",
         show_header=False,
         title_style="bold",
     )

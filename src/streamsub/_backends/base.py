@@ -173,12 +173,13 @@ class Backend(Protocol):
         topic: TopicRecord,
         group: str,
         consumer: str,
-        items: Mapping[int, Sequence[tuple[str, int, int]]],
+        items: Mapping[int, Sequence[tuple[str, int, int, bool]]],
         min_idle_ms: int,
     ) -> dict[int, list[str]]:
         """Give back entries ``consumer`` still owns, as (id, delay ms, delivery time
-        ms): each is reclaimable ``delay`` after now, by reclaimers whose min-idle is
-        ``min_idle_ms``. Return the ids it still owned."""
+        ms, delivered): each is reclaimable ``delay`` after now, by reclaimers whose
+        min-idle is ``min_idle_ms``. One not ``delivered`` (no handler saw it) has
+        its delivery count taken back. Return the ids it still owned."""
         ...
 
     async def reclaim(

@@ -9,7 +9,6 @@ dead-letter topic rather than stopping the subscription.
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -87,8 +86,7 @@ def unpack_fields(packed: bytes) -> list[bytes]:
     return fields
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Decoded:
+class Decoded(NamedTuple):
     """What an entry held."""
 
     data: bytes
@@ -215,6 +213,8 @@ def decode(fields: Mapping[bytes, bytes]) -> Decoded:
     data = fields.get(_DATA)
     if data is None:
         raise UndecodableEntry(f"no data field 'd' (fields: {_field_names(fields)})")
+    if len(fields) == 1:  # the common shape: no key, no attributes
+        return Decoded(data, None, {}, len(data))
     size = len(data)
     key: str | None = None
     attributes: dict[str, str] = {}

@@ -43,6 +43,7 @@ class LeaseBook(Generic[K]):
         self.max_lease_duration = max_lease_duration
         self._ends: dict[K, float] = {}
         self._limits: dict[K, float] = {}
+        """Receipt + max_lease_duration, kept only for leases whose end was moved."""
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -57,20 +58,22 @@ class LeaseBook(Generic[K]):
 
     def add(self, key: K, now: float) -> None:
         """A message was received at ``now``: lease it for up to max_lease_duration."""
-        self._ends[key] = self._limits[key] = now + self.max_lease_duration
+        self._ends[key] = now + self.max_lease_duration
 
     def set_deadline(self, key: K, now: float, seconds: float) -> bool:
         """End ``key``'s lease ``seconds`` from now, at most max_lease_duration after
         receipt; return False if the lease is not held."""
-        limit = self._limits.get(key)
-        if limit is None:
+        end = self._ends.get(key)
+        if end is None:
             return False
+        limit = self._limits.setdefault(key, end)
         self._ends[key] = min(limit, now + seconds)
         return True
 
     def remove(self, key: K) -> bool:
         """The message was settled; return whether it was held."""
-        self._limits.pop(key, None)
+        if self._limits:
+            self._limits.pop(key, None)
         return self._ends.pop(key, None) is not None
 
     def due(self, now: float) -> LeaseDue[K]:
@@ -80,5 +83,6 @@ class LeaseBook(Generic[K]):
         for key, end in self._ends.items():
             (expired if end <= now else extend).append(key)
         for key in expired:
-            del self._ends[key], self._limits[key]
+            del self._ends[key]
+            self._limits.pop(key, None)
         return LeaseDue(extend, expired)

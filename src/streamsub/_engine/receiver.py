@@ -49,6 +49,8 @@ log = logging.getLogger("streamsub")
 Handler = Callable[[Message], Awaitable[None]] | Callable[[Message], None]
 AckMode = Literal["auto", "manual"]
 _Key = tuple[int, str]
+_Nack = tuple[str, int, int, bool]
+"""(entry id, delay ms, delivery time ms, whether a handler saw it)."""
 _T = TypeVar("_T")
 
 _READ_BLOCK_MS = 1000
@@ -133,7 +135,7 @@ class Receiver:
         self._held: dict[_Key, Message] = {}
         self._acks: dict[int, list[str]] = collections.defaultdict(list)
         self._forget: dict[int, list[str]] = collections.defaultdict(list)
-        self._nacks: dict[int, list[tuple[str, int, int]]] = collections.defaultdict(list)
+        self._nacks: dict[int, list[_Nack]] = collections.defaultdict(list)
         self._dead_letters: list[_DeadLetter] = []
         self._owned_acks: dict[int, list[tuple[str, asyncio.Future[None]]]] = (
             collections.defaultdict(list)
@@ -143,6 +145,8 @@ class Receiver:
         self._reclaim_wake = asyncio.Event()
         self._reclaim_due: float | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._ready: collections.deque[Message] = collections.deque()
+        self._dispatching = False
         self._tasks: list[asyncio.Task[None]] = []
         self._settler: asyncio.Task[None] | None = None
         self._stopping = False
@@ -282,16 +286,28 @@ class Receiver:
             )
         else:
             delay = self._delay(entry.delivery_count)
-            self._nacks[entry.partition].append((entry.entry_id, delay, last_ms))
+            self._nacks[entry.partition].append((entry.entry_id, delay, last_ms, True))
             self._nacked += 1
             self._settle_wake.set()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        for message in messages:
-            task = start_eager(self._run(message))
-            if task is not None:
-                self._handlers.add(task)
-                task.add_done_callback(self._handlers.discard)
+        """Start handlers; a handler that settles at once starts the next one from
+        this loop, not from inside itself, so a long hold never nests deeply."""
+        if not messages:
+            return
+        self._ready.extend(messages)
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            ready = self._ready
+            while ready:
+                task = start_eager(self._run(ready.popleft()))
+                if task is not None:
+                    self._handlers.add(task)
+                    task.add_done_callback(self._handlers.discard)
+        finally:
+            self._dispatching = False
 
     async def _run(self, message: Message) -> None:
         try:
@@ -356,7 +372,7 @@ class Receiver:
         if self._settle(message):
             delay = self._delay(message.delivery_attempt)
             self._nacks[message._partition].append(
-                (message._entry_id, delay, message._delivered_ms)
+                (message._entry_id, delay, message._delivered_ms, True)
             )
             self._nacked += 1
 
@@ -412,13 +428,16 @@ class Receiver:
             self._leases.set_deadline(key, self._clock(), seconds)
 
     def _release(self, message: Message, *, started: bool) -> None:
-        """Give a message back at once, at shutdown: not a failure, no backoff."""
+        """Give a message back at once, at shutdown: not a failure, no backoff. One
+        that no handler saw does not count as delivered."""
         key = (message._partition, message._entry_id)
         if self._held.pop(key, None) is None:
             return
         self._leases.remove(key)
         self._flow.finished(message._size, started=started)
-        self._nacks[message._partition].append((message._entry_id, 0, message._delivered_ms))
+        self._nacks[message._partition].append(
+            (message._entry_id, 0, message._delivered_ms, started)
+        )
 
     def _delay(self, delivery_attempt: int) -> int:
         """Milliseconds before a message nacked on ``delivery_attempt`` comes back."""
@@ -461,7 +480,7 @@ class Receiver:
         self,
         acks: dict[int, list[str]],
         forget: dict[int, list[str]],
-        nacks: dict[int, list[tuple[str, int, int]]],
+        nacks: dict[int, list[_Nack]],
         owned: dict[int, list[tuple[str, asyncio.Future[None]]]],
         dead: list[_DeadLetter],
     ) -> None:
@@ -492,10 +511,10 @@ class Receiver:
                         )
                     )
 
-    async def _send_nacks(self, nacks: dict[int, list[tuple[str, int, int]]]) -> None:
+    async def _send_nacks(self, nacks: dict[int, list[_Nack]]) -> None:
         deadline_ms = int(self._ack_deadline * 1000)
         await self._backend.nack(self._topic, self._group, self._consumer, nacks, deadline_ms)
-        soonest = min(delay for items in nacks.values() for _, delay, _ in items) / 1000
+        soonest = min(item[1] for items in nacks.values() for item in items) / 1000
         if not self._stopping:
             due = self._clock() + soonest
             if self._reclaim_due is None or due < self._reclaim_due:
@@ -571,6 +590,7 @@ class Receiver:
         errors = _Backoff()
         min_idle_ms = int(self._ack_deadline * 1000)
         next_consumer_sweep = self._clock() + _CONSUMER_SWEEP_EVERY
+        self._reclaim_due = self._clock()  # at start: take over what others gave back
         while True:
             wait = self.reclaim_interval
             if self._reclaim_due is not None:

@@ -76,6 +76,7 @@ class RedisBackend:
             ) from exc
         self._append = _Script(_script("append.lua"))
         self._create_record = _Script(_script("create_record.lua"))
+        self._ack = _Script(_script("ack.lua"))
         self._extend = _Script(_script("extend.lua"))
         self._nack = _Script(_script("nack.lua"))
         self._reclaim = _Script(_script("reclaim.lua"))
@@ -363,18 +364,21 @@ class RedisBackend:
         ids: Mapping[int, Sequence[str]],
         forget: Mapping[int, Sequence[str]] | None = None,
     ) -> int:
-        keys = self._keys(topic)
+        forget = forget or {}
+        calls = [
+            (
+                p,
+                self._companions(topic, p, group)[::2],
+                [group, " ".join(entry_ids), " ".join(forget.get(p, ()))],
+            )
+            for p, entry_ids in ids.items()
+        ]
         with self._errors():
-            if len(ids) == 1 and not forget:
-                ((partition, entry_ids),) = ids.items()
-                return int(await self._redis.xack(keys[partition], group, *entry_ids))
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for partition, entry_ids in ids.items():
-                    pipe.xack(keys[partition], group, *entry_ids)
-                for partition, entry_ids in (forget or {}).items():
-                    pipe.hdel(_keys.times_key(topic.name, partition, group), *entry_ids)
-                replies = await pipe.execute()
-        return sum(int(n) for n in replies[: len(ids)])
+            if len(calls) == 1:
+                _, keys, args = calls[0]
+                return int(await self._evalsha(self._ack, keys, args))
+            replies = await self._evalsha_many(self._ack, calls)
+        return sum(int(n) for n in replies)
 
     def _companions(self, topic: TopicRecord, partition: int, group: str) -> list[str]:
         return [
@@ -397,14 +401,14 @@ class RedisBackend:
         topic: TopicRecord,
         group: str,
         consumer: str,
-        items: Mapping[int, Sequence[tuple[str, int, int]]],
+        items: Mapping[int, Sequence[tuple[str, int, int, bool]]],
         min_idle_ms: int,
     ) -> dict[int, list[str]]:
         calls = []
         for partition, entries in items.items():
             args: list[Any] = [group, consumer, min_idle_ms]
-            for entry_id, delay_ms, delivered_ms in entries:
-                args += (entry_id, delay_ms, delivered_ms)
+            for entry_id, delay_ms, delivered_ms, delivered in entries:
+                args += (entry_id, delay_ms, delivered_ms, 1 if delivered else 0)
             calls.append((partition, self._companions(topic, partition, group), args))
         with self._errors():
             replies = await self._evalsha_many(self._nack, calls)
