@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import logging
@@ -450,7 +451,11 @@ class Client:
         self._check_open()
         encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
         publisher = await self._publisher(topic)
-        (message_id,) = await publisher.publish([encoded])
+        try:
+            (message_id,) = await publisher.publish([encoded])
+        except TopicNotFoundError:
+            self._forget_publisher(publisher)
+            raise
         return message_id
 
     async def publish_many(
@@ -479,7 +484,17 @@ class Client:
         if not encoded:
             return []
         publisher = await self._publisher(topic)
-        return await publisher.publish(encoded)
+        try:
+            return await publisher.publish(encoded)
+        except TopicNotFoundError:
+            self._forget_publisher(publisher)
+            raise
+
+    def _forget_publisher(self, publisher: TopicPublisher) -> None:
+        """The topic was deleted under the publisher: the next publish looks it up anew."""
+        if self._publishers.get(publisher.topic.name) is publisher:
+            del self._publishers[publisher.topic.name]
+            asyncio.get_running_loop().create_task(publisher.aclose())
 
     # --- subscribing -----------------------------------------------------------
     def subscribe(

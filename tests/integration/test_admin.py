@@ -383,11 +383,6 @@ async def test_url_password_is_redacted(url: str, shown: str) -> None:
     assert shown.format(port=port) in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: redact() ignores ?password= in the query, which redis-py accepts",
-)
 def test_url_password_in_query_is_redacted() -> None:
     """A password given as ?password=... (redis-py's form for unix sockets) is redacted too."""
     client = streamsub.connect("unix:///tmp/redis.sock?db=0&password=s3cret")
@@ -395,9 +390,6 @@ def test_url_password_in_query_is_redacted() -> None:
     assert client.url == "unix:///tmp/redis.sock?db=0&password=***"
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="bug: redact() drops the brackets of an IPv6 host"
-)
 def test_url_password_is_redacted_for_ipv6_host() -> None:
     """A redacted URL with an IPv6 host keeps the brackets, so it stays a valid URL."""
     client = streamsub.connect("redis://:s3cret@[::1]:6379/0")

@@ -256,12 +256,6 @@ async def test_publish_to_unknown_topic(orders: streamsub.Client) -> None:
         await orders.publish_many("nope", [b"x", b"y"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: a client's cached TopicPublisher keeps writing to a topic that another "
-    "client deleted, creating an orphan stream and returning an id for a lost message",
-)
 async def test_publish_to_topic_deleted_by_another_client(
     orders: streamsub.Client, server: RedisServer, redis_client: redis.Redis
 ) -> None:
@@ -392,12 +386,6 @@ async def test_bad_subscribe_arguments(orders: streamsub.Client) -> None:
         orders.subscribe("billing", _never, flow_control={"max_messages": 5})  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=streamsub.UnavailableError,
-    reason="bug: a malformed URL raises UnavailableError (a BackendError: 'retry') instead of "
-    "InvalidArgumentError ('fix the call')",
-)
 def test_malformed_url_is_invalid_argument() -> None:
     """A URL with an unknown scheme is bad input: InvalidArgumentError naming the schemes."""
     with pytest.raises(streamsub.InvalidArgumentError, match="redis://"):

@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from ..._errors import BackendError, UnavailableError
+from ..._errors import BackendError, InvalidArgumentError, TopicNotFoundError, UnavailableError
 from ..base import Entry, GroupInfo, Reclaimed, ReclaimState, SubscriptionRecord, TopicRecord
 from . import _keys
 
@@ -32,13 +32,20 @@ def _script(name: str) -> str:
 def redact(url: str) -> str:
     """``url`` without its password, for messages and logs."""
     parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    netloc = f"{parts.username}:***@{netloc}" if parts.username else f":***@{netloc}"
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(name == "password" for name, _ in query):
+        hidden = [(name, "***" if name == "password" else value) for name, value in query]
+        parts = parts._replace(query=urllib.parse.urlencode(hidden, safe="*"))
+    if parts.password is not None:
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        netloc = f"{parts.username}:***@{netloc}" if parts.username else f":***@{netloc}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        parts = parts._replace(netloc=netloc)
+    # Not urlunsplit: it drops the "//" of unix:///path, whose netloc is empty.
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme}://{parts.netloc}{parts.path}{query}"
 
 
 class _Script:
@@ -70,7 +77,7 @@ class RedisBackend:
                 health_check_interval=30,
             )
         except ValueError as exc:
-            raise UnavailableError(
+            raise InvalidArgumentError(
                 f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
                 "rediss://... for TLS or unix:///path/to/redis.sock"
             ) from exc
@@ -104,6 +111,13 @@ class RedisBackend:
                 f"cannot reach Redis at {self.url}: {exc}; check that the server runs "
                 "(`streamsub dev-server` starts one) and that STREAMSUB_URL or the URL is right"
             ) from exc
+        except rexc.ResponseError as exc:
+            if str(exc).startswith("NOTOPIC"):  # from append.lua
+                raise TopicNotFoundError(
+                    f"a topic was deleted while in use ({exc}): create it again with "
+                    "create_topic() before publishing"
+                ) from exc
+            raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
         except rexc.RedisError as exc:
             raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
 
@@ -182,6 +196,18 @@ class RedisBackend:
 
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
         record = TopicRecord(record.name, record.partitions, _keys.LAYOUT, record.created)
+        stored = await self.get_topic(record.name)
+        if stored is not None:
+            return stored
+        # Every partition's stream exists from now on: appends refuse a missing
+        # stream, so a publisher that cached a since-deleted topic cannot
+        # recreate its streams and lose what it writes.
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self._keys(record):
+                    pipe.xgroup_create(key, "streamsub-create", id="$", mkstream=True)
+                    pipe.xgroup_destroy(key, "streamsub-create")
+                await pipe.execute()
         existing = await self._create(
             _keys.topic_key(record.name), _keys.TOPICS, record.name, self._topic_fields(record)
         )

@@ -5,6 +5,10 @@
 -- One argument instead of thousands: packing arguments one by one, not Redis,
 -- is what limits a Python publisher.
 local key, blob = KEYS[1], ARGV[1]
+-- Topics create their streams; a missing one means the topic was deleted.
+if redis.call('EXISTS', key) == 0 then
+  return redis.error_reply('NOTOPIC stream ' .. key .. ' does not exist')
+end
 local unpack_uint, sub = struct.unpack, string.sub
 local ids = {}
 local pos, last = 1, #blob
