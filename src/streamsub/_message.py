@@ -39,7 +39,6 @@ class Message:
         "attributes",
         "data",
         "delivery_attempt",
-        "message_id",
         "ordering_key",
         "subscription",
     )
@@ -61,7 +60,6 @@ class Message:
         self.data = data
         self.attributes = attributes
         self.ordering_key = ordering_key
-        self.message_id = f"{partition}-{entry_id}"
         self.delivery_attempt = delivery_attempt
         self.subscription = subscription
         self._partition = partition
@@ -69,6 +67,11 @@ class Message:
         self._size = size
         self._delivered_ms = delivered_ms
         self._receiver = receiver
+
+    @property
+    def message_id(self) -> str:
+        """``"<partition>-<stream entry id>"``: the id ``publish`` returned."""
+        return f"{self._partition}-{self._entry_id}"
 
     @property
     def publish_time(self) -> datetime.datetime:

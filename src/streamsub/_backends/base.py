@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 __all__ = [
     "Backend",
@@ -44,8 +44,7 @@ class SubscriptionRecord:
     settings: Mapping[str, object]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """One delivered entry: its fields undecoded, and its delivery count."""
 
     partition: int

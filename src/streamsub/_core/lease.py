@@ -60,6 +60,11 @@ class LeaseBook(Generic[K]):
         """A message was received at ``now``: lease it for up to max_lease_duration."""
         self._ends[key] = now + self.max_lease_duration
 
+    def add_many(self, keys: list[K], now: float) -> None:
+        """Messages were received at ``now``: lease each (as :meth:`add`)."""
+        end = now + self.max_lease_duration
+        self._ends.update(dict.fromkeys(keys, end))
+
     def set_deadline(self, key: K, now: float, seconds: float) -> bool:
         """End ``key``'s lease ``seconds`` from now, at most max_lease_duration after
         receipt; return False if the lease is not held."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Coroutine, Generator
+from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any
 
-__all__ = ["start_eager"]
+__all__ = ["resume", "start_eager"]
 
 
 class _Resume:
@@ -45,8 +45,13 @@ class _Resume:
                     return
 
 
-async def _continue(resume: _Resume) -> None:
-    await resume
+def resume(coro: Coroutine[Any, Any, None], waiting_on: Any) -> Awaitable[None]:
+    """Await the rest of ``coro``, started elsewhere and now ``waiting_on`` something."""
+    return _Resume(coro, waiting_on)
+
+
+async def _continue(rest: Awaitable[None]) -> None:
+    await rest
 
 
 def start_eager(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
@@ -58,5 +63,5 @@ def start_eager(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
     except StopIteration:
         return None
     return asyncio.get_running_loop().create_task(
-        _continue(_Resume(coro, waiting_on)), context=context
+        _continue(resume(coro, waiting_on)), context=context
     )

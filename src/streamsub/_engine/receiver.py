@@ -23,6 +23,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import inspect
 import logging
@@ -40,7 +41,7 @@ from .._core.retry import backoff
 from .._errors import AckError, AckStatus, FailedPreconditionError, StreamsubError
 from .._message import Message
 from .._settings import FlowControl, RetryPolicy
-from ._eager import start_eager
+from ._eager import resume, start_eager
 
 __all__ = ["AckMode", "Handler", "Receiver", "ReceiverStatistics"]
 
@@ -240,8 +241,8 @@ class Receiver:
         now = self._clock()
         delivered_ms = int(self._wall_clock() * 1000)
         ready: list[tuple[Message, int]] = []
+        held = self._held
         for index, entry in enumerate(entries):
-            key = (entry.partition, entry.entry_id)
             try:
                 decoded = decode(entry.fields)
             except UndecodableEntry as exc:
@@ -260,9 +261,9 @@ class Receiver:
                 delivered_ms=delivered_ms,
                 receiver=self,
             )
-            self._held[key] = message
-            self._leases.add(key, now)
+            held[entry.partition, entry.entry_id] = message
             ready.append((message, decoded.size))
+        self._leases.add_many([(m._partition, m._entry_id) for m, _ in ready], now)
         self._dispatch(self._flow.received(ready))
 
     def _undecodable(self, entry: Entry, reason: str, first_ms: int, last_ms: int) -> None:
@@ -300,35 +301,68 @@ class Receiver:
             return
         self._dispatching = True
         try:
-            ready = self._ready
+            ready, start = self._ready, self._start
             while ready:
-                task = start_eager(self._run(ready.popleft()))
-                if task is not None:
-                    self._handlers.add(task)
-                    task.add_done_callback(self._handlers.discard)
+                start(ready.popleft())
         finally:
             self._dispatching = False
 
-    async def _run(self, message: Message) -> None:
-        try:
-            if self._is_async:
-                await self._handler(message)  # type: ignore[misc]
-            else:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self._executor, self._handler, message)
-        except Exception as exc:
-            self._handler_errors += 1
-            log.warning(
-                "streamsub: handler failed for message %s of %r (attempt %d): %r",
-                message.message_id,
-                self._group,
-                message.delivery_attempt,
-                exc,
-            )
-            self.settle_nack(message, error=exc)
+    def _start(self, message: Message) -> None:
+        """Run an async handler eagerly (see ``_eager``): most finish in their first
+        step and need no task; a sync handler goes to the thread pool."""
+        if not self._is_async:
+            self._track(start_eager(self._run_sync(message)))
             return
+        coro = self._handler(message)
+        context = contextvars.copy_context()
+        try:
+            waiting_on = context.run(coro.send, None)  # type: ignore[union-attr]
+        except StopIteration:
+            self._handled(message)
+        except (Exception, asyncio.CancelledError) as exc:
+            self._failed(message, exc)
+        else:
+            loop = asyncio.get_running_loop()
+            self._track(
+                loop.create_task(self._finish(message, resume(coro, waiting_on)), context=context)  # type: ignore[arg-type]
+            )
+
+    def _track(self, task: asyncio.Task[None] | None) -> None:
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _finish(self, message: Message, rest: Awaitable[None]) -> None:
+        try:
+            await rest
+        except Exception as exc:
+            self._failed(message, exc)
+        else:
+            self._handled(message)
+
+    async def _run_sync(self, message: Message) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._handler, message)
+        except Exception as exc:
+            self._failed(message, exc)
+        else:
+            self._handled(message)
+
+    def _handled(self, message: Message) -> None:
         if self._auto_ack:
             self.settle_ack(message)
+
+    def _failed(self, message: Message, exc: BaseException) -> None:
+        self._handler_errors += 1
+        log.warning(
+            "streamsub: handler failed for message %s of %r (attempt %d): %r",
+            message.message_id,
+            self._group,
+            message.delivery_attempt,
+            exc,
+        )
+        self.settle_nack(message, error=exc)
 
     # --- settling (called by Message) -----------------------------------------
     def _settle(self, message: Message) -> bool:

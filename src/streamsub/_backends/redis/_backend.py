@@ -44,8 +44,8 @@ def redact(url: str) -> str:
             netloc += f":{parts.port}"
         parts = parts._replace(netloc=netloc)
     # Not urlunsplit: it drops the "//" of unix:///path, whose netloc is empty.
-    query = f"?{parts.query}" if parts.query else ""
-    return f"{parts.scheme}://{parts.netloc}{parts.path}{query}"
+    tail = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme}://{parts.netloc}{parts.path}{tail}"
 
 
 class _Script:
