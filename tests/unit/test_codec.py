@@ -26,9 +26,9 @@ from streamsub._errors import (
 BIG = 10_000_000
 
 
-def as_entry(fields: list[bytes]) -> dict[bytes, bytes]:
-    """The field map Redis hands back for an entry appended with ``fields``."""
-    return dict(zip(fields[::2], fields[1::2], strict=True))
+def as_entry(fields: list[bytes]) -> list[bytes]:
+    """The flat field list Redis hands back for an entry appended with ``fields``."""
+    return list(fields)
 
 
 def round_trip(data: object, ordering_key: object = None, attributes: object = None) -> Decoded:
@@ -264,13 +264,13 @@ def test_encode_accepts_exactly_the_messages_within_max_bytes(
 
 def test_decode_reads_fields_in_any_order() -> None:
     """Field order in the entry does not matter."""
-    decoded = decode({b"a:x": b"1", b"k": b"key", b"d": b"data"})
+    decoded = decode([b"a:x", b"1", b"k", b"key", b"d", b"data"])
     assert decoded == Decoded(b"data", "key", {"x": "1"}, 4 + 3 + 1 + 1)
 
 
 def test_decode_keeps_data_that_is_not_utf8() -> None:
     """Data is opaque bytes, so non-UTF-8 data decodes fine."""
-    assert decode({b"d": b"\xff\xfe"}).data == b"\xff\xfe"
+    assert decode([b"d", b"\xff\xfe"]).data == b"\xff\xfe"
 
 
 def test_decode_of_an_entry_without_data_is_undecodable() -> None:
@@ -278,28 +278,34 @@ def test_decode_of_an_entry_without_data_is_undecodable() -> None:
     with pytest.raises(
         UndecodableEntry, match=r"no data field 'd' \(fields: b'k', b'a:x'\)"
     ) as info:
-        decode({b"k": b"key", b"a:x": b"1"})
+        decode([b"k", b"key", b"a:x", b"1"])
     assert "no data field 'd'" in info.value.reason
+
+
+def test_decode_of_an_odd_field_list_is_undecodable() -> None:
+    """A field list with a name but no value is undecodable, saying so."""
+    with pytest.raises(UndecodableEntry, match="odd number"):
+        decode([b"d", b"x", b"k"])
 
 
 def test_decode_of_an_empty_entry_is_undecodable() -> None:
     """An entry with no fields at all is undecodable."""
     with pytest.raises(UndecodableEntry, match="no data field 'd'"):
-        decode({})
+        decode([])
 
 
 @pytest.mark.parametrize("field", [b"payload", b"D", b"a", b"kk"])
 def test_decode_of_a_foreign_field_is_undecodable(field: bytes) -> None:
     """A field streamsub never writes makes the entry undecodable, naming the field."""
     with pytest.raises(UndecodableEntry) as info:
-        decode({b"d": b"x", field: b"v"})
+        decode([b"d", b"x", field, b"v"])
     assert info.value.reason.startswith(f"unknown field {field!r}")
     assert str(info.value) == info.value.reason
 
 
 def test_decode_lists_at_most_eight_field_names_in_the_reason() -> None:
     """The reason of an entry with many foreign fields stays short (eight names at most)."""
-    fields = {f"f{i}".encode(): b"v" for i in range(20)}
+    fields = [part for i in range(20) for part in (f"f{i}".encode(), b"v")]
     with pytest.raises(UndecodableEntry) as info:
         decode(fields)
     assert "b'f7'" in info.value.reason
@@ -309,13 +315,13 @@ def test_decode_lists_at_most_eight_field_names_in_the_reason() -> None:
 @pytest.mark.parametrize(
     "fields",
     [
-        {b"d": b"x", b"k": b"\xff"},
-        {b"d": b"x", b"a:\xc3": b"v"},
-        {b"d": b"x", b"a:name": b"\xe9t\xe9"},
+        [b"d", b"x", b"k", b"\xff"],
+        [b"d", b"x", b"a:\xc3", b"v"],
+        [b"d", b"x", b"a:name", b"\xe9t\xe9"],
     ],
     ids=["ordering-key", "attribute-name", "attribute-value"],
 )
-def test_decode_of_non_utf8_key_or_attribute_is_undecodable(fields: dict[bytes, bytes]) -> None:
+def test_decode_of_non_utf8_key_or_attribute_is_undecodable(fields: list[bytes]) -> None:
     """A key or attribute that is not UTF-8 makes the entry undecodable, saying so."""
     with pytest.raises(UndecodableEntry, match="not UTF-8") as info:
         decode(fields)

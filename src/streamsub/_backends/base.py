@@ -45,11 +45,11 @@ class SubscriptionRecord:
 
 
 class Entry(NamedTuple):
-    """One delivered entry: its fields undecoded, and its delivery count."""
+    """One delivered entry: its flat field list undecoded, and its delivery count."""
 
     partition: int
     entry_id: str
-    fields: Mapping[bytes, bytes]
+    fields: Sequence[bytes]
     delivery_count: int
 
 

@@ -10,7 +10,7 @@ dead-letter topic rather than stopping the subscription.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .._errors import InvalidArgumentError, InvalidTypeError, MessageTooLargeError
@@ -208,21 +208,24 @@ def _encode_attributes(attributes: object, fields: list[bytes]) -> int:
     return size
 
 
-def decode(fields: Mapping[bytes, bytes]) -> Decoded:
-    """Decode an entry's fields, or raise :class:`UndecodableEntry`."""
-    data = fields.get(_DATA)
-    if data is None:
-        raise UndecodableEntry(f"no data field 'd' (fields: {_field_names(fields)})")
-    if len(fields) == 1:  # the common shape: no key, no attributes
-        return Decoded(data, None, {}, len(data))
-    size = len(data)
+def decode(fields: Sequence[bytes]) -> Decoded:
+    """Decode an entry's flat field list (name, value, name, value, ...), as
+    Redis returns it, or raise :class:`UndecodableEntry`."""
+    count = len(fields)
+    if count == 2 and fields[0] == _DATA:  # the common shape: no key, no attributes
+        return Decoded(fields[1], None, {}, len(fields[1]))
+    if count % 2:
+        raise UndecodableEntry(f"an odd number of values ({count})")
+    data: bytes | None = None
     key: str | None = None
     attributes: dict[str, str] = {}
+    size = 0
     try:
-        for name, value in fields.items():
+        for i in range(0, count, 2):
+            name, value = fields[i], fields[i + 1]
             if name == _DATA:
-                continue
-            if name == _KEY:
+                data = value
+            elif name == _KEY:
                 key = value.decode() or None
                 size += len(value)
             elif name.startswith(_ATTR):
@@ -232,8 +235,10 @@ def decode(fields: Mapping[bytes, bytes]) -> Decoded:
                 raise UndecodableEntry(f"unknown field {name!r} (fields: {_field_names(fields)})")
     except UnicodeDecodeError as exc:
         raise UndecodableEntry(f"a key or attribute is not UTF-8: {exc}") from None
-    return Decoded(data, key, attributes, size)
+    if data is None:
+        raise UndecodableEntry(f"no data field 'd' (fields: {_field_names(fields)})")
+    return Decoded(data, key, attributes, size + len(data))
 
 
-def _field_names(fields: Mapping[bytes, bytes]) -> str:
-    return ", ".join(repr(name) for name in list(fields)[:8])
+def _field_names(fields: Sequence[bytes]) -> str:
+    return ", ".join(repr(name) for name in fields[:16:2])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 from .._errors import InvalidArgumentError
 from .codec import Decoded, Encoded, encode
@@ -44,8 +44,9 @@ _MAX_REASON_CHARS = 900
 """Attribute values are limited to 1024 bytes; a long error text is cut."""
 
 
-def undecodable_data(fields: Mapping[bytes, bytes]) -> bytes:
-    """An undecodable entry's fields as JSON: text where UTF-8, else ``base64:...``."""
+def undecodable_data(fields: Sequence[bytes]) -> bytes:
+    """An undecodable entry's flat field list as a JSON object: text where UTF-8,
+    else ``base64:...``; an odd last value gets the name ``""``."""
 
     def text(raw: bytes) -> str:
         try:
@@ -53,13 +54,16 @@ def undecodable_data(fields: Mapping[bytes, bytes]) -> bytes:
         except UnicodeDecodeError:
             return "base64:" + base64.b64encode(raw).decode()
 
-    return json.dumps({text(k): text(v) for k, v in fields.items()}).encode()
+    pairs = list(fields) + [b""] * (len(fields) % 2)
+    return json.dumps(
+        {text(pairs[i]): text(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+    ).encode()
 
 
 def dead_letter_message(
     message: Decoded | None,
     *,
-    raw_fields: Mapping[bytes, bytes],
+    raw_fields: Sequence[bytes],
     topic: str,
     subscription: str,
     message_id: str,
