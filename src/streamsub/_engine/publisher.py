@@ -1,8 +1,9 @@
 """The publisher: one flusher task per topic writes batches, one at a time.
 
 A batch is written while the next one fills, so under load batches grow by
-themselves and round trips stay few. Writes of one topic are serial, which
-keeps messages of one ordering key in publish order. A failed write fails every
+themselves and round trips stay few. Up to four batches are in flight, sent
+one behind the other on one connection, which Redis runs in order: messages of
+one ordering key stay in publish order. A failed write fails every
 publish of that batch with the backend's error: the messages may or may not be
 stored, and the caller decides whether to publish again.
 """
@@ -24,6 +25,8 @@ from .._settings import BatchSettings
 
 __all__ = ["TopicPublisher"]
 
+_MAX_IN_FLIGHT = 4
+"""Batches written at once: Redis appends one while the next is on its way."""
 _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
 
@@ -112,28 +115,38 @@ class TopicPublisher:
         self._sticky.advance()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        in_flight: set[asyncio.Task[None]] = set()
         while True:
-            if not self._ready:
-                deadline = self._batcher.deadline()
-                if deadline is None:
-                    if self._closed:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
+            if self._ready:
+                if len(in_flight) >= _MAX_IN_FLIGHT:
+                    _, in_flight = await asyncio.wait(
+                        in_flight, return_when=asyncio.FIRST_COMPLETED
+                    )
                     continue
-                delay = deadline - self._clock()
-                if delay > 0 and not self._closed:
-                    self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), delay)
-                    if self._ready:
-                        continue
-                    if (self._batcher.deadline() or 0) > self._clock() and not self._closed:
-                        continue
-                if len(self._batcher):
-                    self._close_batch()
+                # Started in order, written in order: the backend sends each
+                # write behind the previous one on the same connection.
+                in_flight.add(loop.create_task(self._write(self._ready.popleft())))
                 continue
-            await self._write(self._ready.popleft())
+            deadline = self._batcher.deadline()
+            if deadline is None:
+                if self._closed:
+                    await asyncio.gather(*in_flight)
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = deadline - self._clock()
+            if delay > 0 and not self._closed:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                if self._ready:
+                    continue
+                if (self._batcher.deadline() or 0) > self._clock() and not self._closed:
+                    continue
+            if len(self._batcher):
+                self._close_batch()
 
     async def _write(self, batch: Batch[_Token]) -> None:
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}

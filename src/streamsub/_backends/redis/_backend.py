@@ -18,6 +18,7 @@ import redis.exceptions as rexc
 from ..._errors import BackendError, InvalidArgumentError, TopicNotFoundError, UnavailableError
 from ..base import Entry, GroupInfo, Reclaimed, ReclaimState, SubscriptionRecord, TopicRecord
 from . import _keys
+from ._in_order import InOrderConnection
 
 __all__ = ["RedisBackend"]
 
@@ -89,6 +90,7 @@ class RedisBackend:
                 "rediss://... for TLS or unix:///path/to/redis.sock"
             ) from exc
         self._append = _Script(_script("append.lua"))
+        self._appender = InOrderConnection(self._redis)
         self._create_record = _Script(_script("create_record.lua"))
         self._ack = _Script(_script("ack.lua"))
         self._extend = _Script(_script("extend.lua"))
@@ -151,6 +153,7 @@ class RedisBackend:
             await self._redis.ping()
 
     async def close(self) -> None:
+        await self._appender.close()
         await self._redis.aclose()
 
     # --- records ---------------------------------------------------------------
@@ -318,17 +321,18 @@ class RedisBackend:
 
     # --- data ------------------------------------------------------------------
     async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+        # EVAL, not EVALSHA: commands are in flight behind each other, and a
+        # NOSCRIPT retry would let a later batch overtake an earlier one.
         keys = self._keys(topic)
-        calls: list[tuple[int, Sequence[str], Sequence[Any]]] = [
-            (partition, [keys[partition]], [packed]) for partition, packed in batch.items()
-        ]
+        source = self._append.source
+        partitions = list(batch)
+        commands = [("EVAL", source, 1, keys[p], batch[p]) for p in partitions]
         with self._errors():
-            if len(calls) == 1:
-                _partition, one_key, args = calls[0]
-                results = [await self._evalsha(self._append, one_key, args)]
-            else:
-                results = await self._evalsha_many(self._append, calls)
-        return {c[0]: [i.decode() for i in ids] for c, ids in zip(calls, results, strict=True)}
+            replies = await self._appender.call_many(commands)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return {p: [i.decode() for i in ids] for p, ids in zip(partitions, replies, strict=True)}
 
     async def _evalsha_many(
         self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]
