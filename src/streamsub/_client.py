@@ -168,6 +168,7 @@ class Client:
         self._batch_settings = batch_settings or BatchSettings()
         self._limits = limits or Limits()
         self._publishers: dict[str, TopicPublisher] = {}
+        self._lookups: dict[str, asyncio.Future[TopicPublisher]] = {}
         self._subscribers: set[Subscriber] = set()
         self._closed = False
 
@@ -426,14 +427,29 @@ class Client:
 
     # --- publishing ------------------------------------------------------------
     async def _publisher(self, topic: str) -> TopicPublisher:
+        """The topic's publisher. Concurrent first callers share one lookup and
+        resume in the order they called, so they enqueue in call order."""
         publisher = self._publishers.get(topic)
-        if publisher is None:
-            record = await self._topic_record(topic)
-            publisher = self._publishers.get(topic)
-            if publisher is None:
+        if publisher is not None:
+            return publisher
+        lookup = self._lookups.get(topic)
+        if lookup is None:
+            lookup = asyncio.get_running_loop().create_future()
+            self._lookups[topic] = lookup
+            try:
+                record = await self._topic_record(topic)
+            except BaseException as exc:
+                lookup.set_exception(exc)
+                lookup.exception()  # the first caller raises it; nobody else may wait
+                raise
+            else:
                 publisher = TopicPublisher(self._backend, record, self._batch_settings)
                 self._publishers[topic] = publisher
-        return publisher
+                lookup.set_result(publisher)
+            finally:
+                del self._lookups[topic]
+            return publisher
+        return await lookup
 
     async def publish(
         self,
