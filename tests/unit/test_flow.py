@@ -271,3 +271,16 @@ class FlowMachine(RuleBasedStateMachine):
 def test_flow_controller_invariants_hold_under_random_events() -> None:
     """Under any reads, finishes and drains the limits hold, order is kept and nothing stalls."""
     run_state_machine_as_test(FlowMachine)
+
+
+def test_reservations_of_reads_in_flight_share_the_budget() -> None:
+    """Two reads in flight together never ask for more than the free slots, and a
+    read's reservation turns into outstanding messages when it returns."""
+    flow: FlowController[str] = FlowController(FlowControl(max_messages=10))
+    assert flow.reserve(6) == 6
+    assert flow.reserve(6) == 4
+    assert flow.read_budget() == 0
+    flow.received([("a", 1), ("b", 1)], reserved=6)
+    assert flow.read_budget() == 4
+    flow.unreserve(4)
+    assert flow.read_budget() == 8

@@ -1,10 +1,13 @@
 """The subscriber's flow controller: how much may be read and run now.
 
 A message is *outstanding* from the moment it is read until it is acked,
-nacked, dead-lettered or released. Reading never asks for more than
-``max_messages`` minus what is outstanding. A read over P partitions asks at
-least one per partition, so when fewer than P slots are free up to P-1 more may
-be read; they wait on hold. A read message starts (its handler runs) only while
+nacked, dead-lettered or released. Reads in flight reserve their share of
+``max_messages`` minus what is outstanding, so together they never ask for
+more. A read over P partitions asks at least one per partition, so when fewer
+than P slots are free up to P-1 more may be read; and the reclaimer may take
+free slots that an idle, blocked read holds. Such extras wait on hold: the
+limit that always holds exactly is the one on running handlers. A read message
+starts (its handler runs) only while
 fewer than ``max_messages`` run and its bytes fit under ``max_bytes``; one that
 does not fit waits on hold, in arrival order. A message larger than
 ``max_bytes`` starts once nothing else runs, so it cannot stall the
@@ -42,6 +45,7 @@ class FlowController(Generic[T]):
         "_max_bytes",
         "_max_messages",
         "_outstanding",
+        "_reserved",
         "_running",
         "_running_bytes",
     )
@@ -50,16 +54,31 @@ class FlowController(Generic[T]):
         self._max_messages = settings.max_messages
         self._max_bytes = settings.max_bytes
         self._outstanding = 0
+        self._reserved = 0
         self._running = 0
         self._running_bytes = 0
         self._hold: collections.deque[tuple[T, int]] = collections.deque()
 
     def read_budget(self) -> int:
         """How many messages a read may ask for now."""
+        return self._max_messages - self._outstanding - self._reserved
+
+    def free(self) -> int:
+        """Slots not taken by outstanding messages, reservations aside: what the
+        reclaimer may take while reads wait on an idle server."""
         return self._max_messages - self._outstanding
 
-    def received(self, items: list[tuple[T, int]]) -> list[T]:
-        """Count read messages (item, size) as outstanding; return those that start now."""
+    def reserve(self, wanted: int) -> int:
+        """Set aside up to ``wanted`` of the budget for a read about to be sent, so
+        that reads in flight together never ask for more than the budget."""
+        granted = max(0, min(wanted, self.read_budget()))
+        self._reserved += granted
+        return granted
+
+    def received(self, items: list[tuple[T, int]], *, reserved: int = 0) -> list[T]:
+        """Count read messages (item, size) as outstanding, releasing the read's
+        reservation; return those that start now."""
+        self._reserved -= reserved
         self._outstanding += len(items)
         self._hold.extend(items)
         return self._admit()
@@ -71,6 +90,10 @@ class FlowController(Generic[T]):
             self._running -= 1
             self._running_bytes -= size
         return self._admit()
+
+    def unreserve(self, reserved: int) -> None:
+        """Give back a reservation whose read failed."""
+        self._reserved -= reserved
 
     def drain_hold(self) -> list[T]:
         """Take every message on hold (to release them at shutdown); they stay outstanding."""

@@ -58,6 +58,9 @@ _READ_BLOCK_MS = 1000
 """Finite, so a lost connection is noticed within a second."""
 _ERROR_BACKOFF = (0.05, 2.0)
 """Retry a failed Redis call after 50 ms, doubling up to 2 s."""
+_READERS = 2
+"""Reads in flight at once, each for its share of the budget: one is parsed and
+handled while Redis serves the other."""
 _RECLAIM_BATCH = 100
 """Entries claimed per partition per call."""
 _CONSUMER_SWEEP_EVERY = 60.0
@@ -130,6 +133,7 @@ class Receiver:
         self._retry = RetryPolicy(**retry) if isinstance(retry, dict) else None
         self._consumer_expiry = consumer_expiry
         self._flow: FlowController[Message] = FlowController(flow_control)
+        self._max_messages = flow_control.max_messages
         self._leases: LeaseBook[_Key] = LeaseBook(
             ack_deadline=self._ack_deadline, max_lease_duration=max_lease_duration
         )
@@ -163,7 +167,10 @@ class Receiver:
         """Start reading."""
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._supervise("reading", self._read_loop)),
+            *(
+                loop.create_task(self._supervise("reading", self._read_loop))
+                for _ in range(_READERS)
+            ),
             loop.create_task(self._supervise("extending leases", self._lease_loop)),
             loop.create_task(self._supervise("reclaiming", self._reclaim_loop)),
         ]
@@ -217,27 +224,32 @@ class Receiver:
     # --- receiving -------------------------------------------------------------
     async def _read_loop(self) -> None:
         partitions = list(range(self._topic.partitions))
+        share = -(-self._max_messages // _READERS)
         errors = _Backoff()
         while True:
-            budget = self._flow.read_budget()
-            if budget <= 0:
+            granted = self._flow.reserve(share)
+            if granted <= 0:
                 self._room.clear()
                 await self._room.wait()
                 continue
-            count = max(1, budget // len(partitions))
+            count = max(1, granted // len(partitions))
             try:
                 entries = await self._backend.read(
                     self._topic, self._group, self._consumer, partitions, count, _READ_BLOCK_MS
                 )
-            except StreamsubError as exc:
+            except BaseException as exc:
+                self._flow.unreserve(granted)
+                if not isinstance(exc, StreamsubError):
+                    raise
                 await errors.wait("reading", exc)
                 continue
             errors.reset()
-            if entries:
-                self._received += len(entries)
-                self._accept(entries, None)
+            self._received += len(entries)
+            self._accept(entries, None, reserved=granted)
 
-    def _accept(self, entries: list[Entry], reclaimed: list[Reclaimed] | None) -> None:
+    def _accept(
+        self, entries: list[Entry], reclaimed: list[Reclaimed] | None, *, reserved: int = 0
+    ) -> None:
         now = self._clock()
         delivered_ms = int(self._wall_clock() * 1000)
         ready: list[tuple[Message, int]] = []
@@ -264,7 +276,7 @@ class Receiver:
             held[entry.partition, entry.entry_id] = message
             ready.append((message, decoded.size))
         self._leases.add_many([(m._partition, m._entry_id) for m, _ in ready], now)
-        self._dispatch(self._flow.received(ready))
+        self._dispatch(self._flow.received(ready, reserved=reserved))
 
     def _undecodable(self, entry: Entry, reason: str, first_ms: int, last_ms: int) -> None:
         log.warning(
@@ -649,7 +661,9 @@ class Receiver:
         max_attempts = self._max_attempts if self._dead_letter_topic is not None else 0
         cursors = dict.fromkeys(range(self._topic.partitions), "-")
         while cursors:
-            budget = self._flow.read_budget()
+            # Not read_budget(): blocked reads hold reservations for up to a
+            # second, and the reclaimer must not starve behind them.
+            budget = self._flow.free()
             if budget <= 0:
                 return
             count = max(1, min(_RECLAIM_BATCH, budget // len(cursors)))
