@@ -80,6 +80,14 @@ class FlowController(Generic[T]):
         reservation; return those that start now."""
         self._reserved -= reserved
         self._outstanding += len(items)
+        if not self._hold:  # the usual case: all of them fit, start them as they are
+            running = self._running + len(items)
+            running_bytes = self._running_bytes + sum(size for _, size in items)
+            if running <= self._max_messages and (
+                running_bytes <= self._max_bytes or running == len(items) == 1
+            ):
+                self._running, self._running_bytes = running, running_bytes
+                return [item for item, _ in items]
         self._hold.extend(items)
         return self._admit()
 
@@ -89,6 +97,8 @@ class FlowController(Generic[T]):
         if started:
             self._running -= 1
             self._running_bytes -= size
+        if not self._hold:
+            return []
         return self._admit()
 
     def unreserve(self, reserved: int) -> None:

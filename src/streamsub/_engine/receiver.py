@@ -146,7 +146,9 @@ class Receiver:
             collections.defaultdict(list)
         )
         self._settle_wake = asyncio.Event()
+        self._settler_woken = False
         self._room = asyncio.Event()
+        self._waiting_for_room = False
         self._reclaim_wake = asyncio.Event()
         self._reclaim_due: float | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -202,7 +204,7 @@ class Receiver:
             await asyncio.gather(*late, return_exceptions=True)
         for message in list(self._held.values()):
             self._release(message, started=True)
-        self._settle_wake.set()
+        self._wake_settler()
         if self._settler is not None:
             await self._settler
         if self._own_executor and self._executor is not None:
@@ -230,6 +232,7 @@ class Receiver:
             granted = self._flow.reserve(share)
             if granted <= 0:
                 self._room.clear()
+                self._waiting_for_room = True
                 await self._room.wait()
                 continue
             count = max(1, granted // len(partitions))
@@ -301,7 +304,7 @@ class Receiver:
             delay = self._delay(entry.delivery_count)
             self._nacks[entry.partition].append((entry.entry_id, delay, last_ms, True))
             self._nacked += 1
-            self._settle_wake.set()
+            self._wake_settler()
 
     def _dispatch(self, messages: list[Message]) -> None:
         """Start handlers; a handler that settles at once starts the next one from
@@ -382,10 +385,19 @@ class Receiver:
         if self._held.pop(key, None) is None:
             return False
         self._leases.remove(key)
-        self._dispatch(self._flow.finished(message._size))
-        self._room.set()
-        self._settle_wake.set()
+        admitted = self._flow.finished(message._size)
+        if admitted:
+            self._dispatch(admitted)
+        if self._waiting_for_room:
+            self._waiting_for_room = False
+            self._room.set()
+        self._wake_settler()
         return True
+
+    def _wake_settler(self) -> None:
+        if not self._settler_woken:
+            self._settler_woken = True
+            self._settle_wake.set()
 
     def settle_ack(self, message: Message) -> None:
         if not self._settle(message):
@@ -405,7 +417,7 @@ class Receiver:
             self._acked += 1
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._owned_acks[message._partition].append((message._entry_id, future))
-        self._settle_wake.set()
+        self._wake_settler()
         await future
 
     def settle_nack(self, message: Message, *, error: BaseException | None = None) -> None:
@@ -464,7 +476,7 @@ class Receiver:
         )
         self._dead_letters.append(_DeadLetter(partition, entry_id, encoded, first_ms, last_ms))
         self._dead_lettered += 1
-        self._settle_wake.set()
+        self._wake_settler()
 
     def modify_ack_deadline(self, message: Message, seconds: float) -> None:
         if seconds <= 0:
@@ -496,6 +508,7 @@ class Receiver:
                 if self._stopping:
                     return
                 self._settle_wake.clear()
+                self._settler_woken = False
                 await self._settle_wake.wait()
                 continue
             acks, self._acks = self._acks, collections.defaultdict(list)
