@@ -256,6 +256,7 @@ class Receiver:
         now = self._clock()
         delivered_ms = int(self._wall_clock() * 1000)
         ready: list[tuple[Message, int]] = []
+        keys: list[_Key] = []
         held = self._held
         for index, entry in enumerate(entries):
             try:
@@ -276,9 +277,11 @@ class Receiver:
                 delivered_ms=delivered_ms,
                 receiver=self,
             )
-            held[entry.partition, entry.entry_id] = message
+            key = (entry.partition, entry.entry_id)
+            held[key] = message
+            keys.append(key)
             ready.append((message, decoded.size))
-        self._leases.add_many([(m._partition, m._entry_id) for m, _ in ready], now)
+        self._leases.add_many(keys, now)
         self._dispatch(self._flow.received(ready, reserved=reserved))
 
     def _undecodable(self, entry: Entry, reason: str, first_ms: int, last_ms: int) -> None:
@@ -391,7 +394,8 @@ class Receiver:
         if self._waiting_for_room:
             self._waiting_for_room = False
             self._room.set()
-        self._wake_settler()
+        if not self._settler_woken:
+            self._wake_settler()
         return True
 
     def _wake_settler(self) -> None:
