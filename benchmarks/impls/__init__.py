@@ -11,6 +11,7 @@ REGISTRY: dict[str, str] = {
     "faststream": "impls.faststream_impl:FastStream",
     "nats": "impls.nats_impl:Nats",
     "streamsub": "impls.streamsub_impl:Streamsub",
+    "streamsub-1s": "impls.streamsub_impl:StreamsubBusyLeases",
 }
 BASELINE = "handwritten"
 

@@ -36,7 +36,7 @@ class Handwritten(Implementation):
         pad = padding(size)
         client = Redis.from_url(self.env.redis_url)
         try:
-            await client.ping()
+            await client.ping()  # type: ignore[misc]  # redis-py 7 types it as maybe-sync
             start = time.perf_counter()
             for base in range(0, n, PUBLISH_CHUNK):
                 pipe = client.pipeline(transaction=False)
