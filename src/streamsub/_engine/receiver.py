@@ -64,7 +64,8 @@ handled while Redis serves the other."""
 _RECLAIM_BATCH = 100
 """Entries claimed per partition per call."""
 _CONSUMER_SWEEP_EVERY = 60.0
-"""Seconds between looks for idle, empty consumers to delete."""
+"""Seconds between looks for idle, empty consumers to delete (or half the
+consumer expiry, when that is shorter)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -652,7 +653,8 @@ class Receiver:
     async def _reclaim_loop(self) -> None:
         errors = _Backoff()
         min_idle_ms = int(self._ack_deadline * 1000)
-        next_consumer_sweep = self._clock() + _CONSUMER_SWEEP_EVERY
+        consumer_sweep_every = min(_CONSUMER_SWEEP_EVERY, self._consumer_expiry / 2)
+        next_consumer_sweep = self._clock() + consumer_sweep_every
         self._reclaim_due = self._clock()  # at start: take over what others gave back
         while True:
             wait = self.reclaim_interval
@@ -667,7 +669,7 @@ class Receiver:
             try:
                 await self._sweep(min_idle_ms)
                 if self._clock() >= next_consumer_sweep:
-                    next_consumer_sweep = self._clock() + _CONSUMER_SWEEP_EVERY
+                    next_consumer_sweep = self._clock() + consumer_sweep_every
                     await self._delete_idle_consumers()
             except StreamsubError as exc:
                 await errors.wait("reclaiming", exc)
