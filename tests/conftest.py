@@ -14,10 +14,17 @@ from streamsub.testing import RedisServer, redis_server
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis_binary() -> str | None:
+    """The redis-server to test against: $STREAMSUB_TEST_REDIS_SERVER, else PATH's."""
+    return os.environ.get("STREAMSUB_TEST_REDIS_SERVER") or None
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, redis_binary: str | None
+) -> Iterator[RedisServer]:
     """A redis-server with AOF on, private to this test session."""
-    binary = os.environ.get("STREAMSUB_TEST_REDIS_SERVER") or None
-    with redis_server(tmp_path_factory.mktemp("redis"), binary=binary) as running:
+    with redis_server(tmp_path_factory.mktemp("redis"), binary=redis_binary) as running:
         yield running
 
 
