@@ -190,11 +190,13 @@ class Backend(Protocol):
         min_idle_ms: int,
         count: int,
         max_attempts: int,
+        skip: Mapping[int, Sequence[str]] | None = None,
     ) -> tuple[list[Reclaimed], dict[int, str]]:
         """Claim up to ``count`` entries per partition idle >= ``min_idle_ms``,
         scanning from each cursor (``"-"`` starts a sweep); return them and the next
         cursors (``"0-0"`` = done). Entries delivered ``max_attempts`` times (0 = no
-        limit) come back exhausted, held but not counted as delivered again."""
+        limit) come back exhausted, held but not counted as delivered again.
+        Entries in ``skip`` (still in this consumer's hands) are left alone."""
         ...
 
     async def ack_owned(
@@ -221,7 +223,8 @@ class Backend(Protocol):
         ...
 
     async def delete_idle_consumers(
-        self, topic: TopicRecord, group: str, min_idle_ms: int
+        self, topic: TopicRecord, group: str, consumer: str, min_idle_ms: int
     ) -> list[str]:
-        """Delete consumers with no pending entries idle for ``min_idle_ms``."""
+        """Delete consumers other than ``consumer`` with no pending entries, idle
+        for ``min_idle_ms``."""
         ...

@@ -139,6 +139,8 @@ class Receiver:
             ack_deadline=self._ack_deadline, max_lease_duration=max_lease_duration
         )
         self._held: dict[_Key, Message] = {}
+        self._unleased: set[_Key] = set()
+        """Held messages whose lease ended while their handler still runs."""
         self._acks: dict[int, list[str]] = collections.defaultdict(list)
         self._forget: dict[int, list[str]] = collections.defaultdict(list)
         self._nacks: dict[int, list[_Nack]] = collections.defaultdict(list)
@@ -618,6 +620,7 @@ class Receiver:
         while True:
             await asyncio.sleep(self._leases.extend_interval)
             due = self._leases.due(self._clock())
+            self._unleased.update(key for key in due.expired if key in self._held)
             for partition, entry_id in due.expired:
                 log.warning(
                     "streamsub: message %s-%s of %r passed its lease (max_lease_duration or "
@@ -642,6 +645,7 @@ class Receiver:
                 for entry_id in entry_ids:
                     if entry_id not in still:
                         self._leases.remove((partition, entry_id))
+                        self._unleased.add((partition, entry_id))
 
     # --- reclaiming ------------------------------------------------------------
     @property
@@ -657,7 +661,7 @@ class Receiver:
         next_consumer_sweep = self._clock() + consumer_sweep_every
         self._reclaim_due = self._clock()  # at start: take over what others gave back
         while True:
-            wait = self.reclaim_interval
+            wait = min(self.reclaim_interval, max(0.0, next_consumer_sweep - self._clock()))
             if self._reclaim_due is not None:
                 wait = min(wait, max(0.0, self._reclaim_due - self._clock()))
             self._reclaim_wake.clear()
@@ -678,6 +682,10 @@ class Receiver:
 
     async def _sweep(self, min_idle_ms: int) -> None:
         max_attempts = self._max_attempts if self._dead_letter_topic is not None else 0
+        self._unleased.intersection_update(self._held)
+        skip: dict[int, list[str]] = collections.defaultdict(list)
+        for partition, entry_id in self._unleased:
+            skip[partition].append(entry_id)
         cursors = dict.fromkeys(range(self._topic.partitions), "-")
         while cursors:
             # Not read_budget(): blocked reads hold reservations for up to a
@@ -694,6 +702,7 @@ class Receiver:
                 min_idle_ms,
                 count,
                 max_attempts,
+                skip,
             )
             deliver: list[Reclaimed] = []
             for item in found:
@@ -738,7 +747,7 @@ class Receiver:
 
     async def _delete_idle_consumers(self) -> None:
         deleted = await self._backend.delete_idle_consumers(
-            self._topic, self._group, int(self._consumer_expiry * 1000)
+            self._topic, self._group, self._consumer, int(self._consumer_expiry * 1000)
         )
         if deleted:
             log.info(

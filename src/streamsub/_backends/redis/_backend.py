@@ -460,12 +460,22 @@ class RedisBackend:
         min_idle_ms: int,
         count: int,
         max_attempts: int,
+        skip: Mapping[int, Sequence[str]] | None = None,
     ) -> tuple[list[Reclaimed], dict[int, str]]:
+        skip = skip or {}
         calls = [
             (
                 p,
                 self._companions(topic, p, group),
-                [group, consumer, min_idle_ms, cursor, count, max_attempts],
+                [
+                    group,
+                    consumer,
+                    min_idle_ms,
+                    cursor,
+                    count,
+                    max_attempts,
+                    " ".join(skip.get(p, ())),
+                ],
             )
             for p, cursor in cursors.items()
         ]
@@ -525,10 +535,10 @@ class RedisBackend:
         return f"{target_partition}-{new_id.decode()}"
 
     async def delete_idle_consumers(
-        self, topic: TopicRecord, group: str, min_idle_ms: int
+        self, topic: TopicRecord, group: str, consumer: str, min_idle_ms: int
     ) -> list[str]:
         keys = self._keys(topic)
-        calls = [(p, [keys[p]], [group, min_idle_ms]) for p in range(topic.partitions)]
+        calls = [(p, [keys[p]], [group, min_idle_ms, consumer]) for p in range(topic.partitions)]
         with self._errors():
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})

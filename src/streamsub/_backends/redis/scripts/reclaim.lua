@@ -3,7 +3,9 @@
 -- KEYS[1]: the stream, KEYS[2]: the subscription's delay set (nacks delayed
 -- longer than min-idle), KEYS[3]: its delivery-time records.
 -- ARGV: group, consumer, min-idle ms, start ("-" on a sweep's first call, then
--- the cursor returned), count, max delivery attempts (0 = no limit).
+-- the cursor returned), count, max delivery attempts (0 = no limit), ids to
+-- leave alone, separated by spaces (this consumer's handlers still hold them
+-- though their leases ended: claiming them would count a delivery that is not).
 -- Returns {cursor ("0-0" when done), items}; each item is
 -- {id, fields or false, delivery count, first delivery ms, last delivery ms, state}
 -- with state 0 = deliver (its count was incremented), 1 = exhausted (held for
@@ -12,6 +14,8 @@ local key, delays, times = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer = ARGV[1], ARGV[2]
 local min_idle, start = tonumber(ARGV[3]), ARGV[4]
 local count, max_attempts = tonumber(ARGV[5]), tonumber(ARGV[6])
+local skip = {}
+for id in string.gmatch(ARGV[7] or '', '%S+') do skip[id] = true end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
@@ -33,24 +37,27 @@ local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, '+',
 local items = {}
 for _, p in ipairs(pending) do
   local id, idle, delivered = p[1], p[3], p[4]
-  local record = redis.call('HGET', times, id)
-  local first, last = now - idle, now - idle
-  if record then
-    local sep = string.find(record, ':', 1, true)
-    first, last = tonumber(string.sub(record, 1, sep - 1)), tonumber(string.sub(record, sep + 1))
-  end
-  local entry = redis.call('XRANGE', key, id, id)
-  if #entry == 0 then
-    redis.call('XACK', key, group, id)
-    redis.call('HDEL', times, id)
-    items[#items + 1] = {id, false, delivered, first, last, 2}
-  elseif max_attempts > 0 and delivered >= max_attempts then
-    redis.call('XCLAIM', key, group, consumer, 0, id, 'JUSTID')
-    items[#items + 1] = {id, entry[1][2], delivered, first, last, 1}
-  else
-    local claimed = redis.call('XCLAIM', key, group, consumer, min_idle, id)
-    if claimed[1] then
-      items[#items + 1] = {id, claimed[1][2], delivered + 1, first, last, 0}
+  if not skip[id] then
+    local record = redis.call('HGET', times, id)
+    local first, last = now - idle, now - idle
+    if record then
+      local sep = string.find(record, ':', 1, true)
+      first = tonumber(string.sub(record, 1, sep - 1))
+      last = tonumber(string.sub(record, sep + 1))
+    end
+    local entry = redis.call('XRANGE', key, id, id)
+    if #entry == 0 then
+      redis.call('XACK', key, group, id)
+      redis.call('HDEL', times, id)
+      items[#items + 1] = {id, false, delivered, first, last, 2}
+    elseif max_attempts > 0 and delivered >= max_attempts then
+      redis.call('XCLAIM', key, group, consumer, 0, id, 'JUSTID')
+      items[#items + 1] = {id, entry[1][2], delivered, first, last, 1}
+    else
+      local claimed = redis.call('XCLAIM', key, group, consumer, min_idle, id)
+      if claimed[1] then
+        items[#items + 1] = {id, claimed[1][2], delivered + 1, first, last, 0}
+      end
     end
   end
 end

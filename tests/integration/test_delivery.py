@@ -1,0 +1,455 @@
+"""Reliable delivery: backoff, exact attempts, dead letters, leases, exactly-once,
+shutdown and consumers, against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shutil
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+
+import streamsub
+from streamsub.testing import RedisServer
+
+DEAD_LETTER_KEYS = {
+    "streamsub.source_topic",
+    "streamsub.source_subscription",
+    "streamsub.source_message_id",
+    "streamsub.delivery_attempts",
+    "streamsub.dead_letter_reason",
+    "streamsub.first_delivery_ms",
+    "streamsub.last_delivery_ms",
+}
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait for ``condition``; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def test_poison_message_is_retried_with_backoff_then_dead_lettered_once(
+    client: streamsub.Client,
+) -> None:
+    """A message whose handler always raises is delivered exactly max_delivery_attempts
+    times (attempts 1..N, gaps at least the backoff), then lands once in the
+    dead-letter topic with its metadata, while other messages keep flowing."""
+    await client.create_topic("orders", partitions=4)
+    await client.create_topic("orders-dead")
+    await client.create_subscription("orders-dead-sub", topic="orders-dead")
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        ack_deadline=1.0,
+        max_delivery_attempts=4,
+        dead_letter_topic="orders-dead",
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.2, maximum_backoff=1.0),
+    )
+    poison: list[tuple[int, float]] = []
+    good: set[bytes] = set()
+    dead: list[streamsub.Message] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        if message.data == b"poison":
+            poison.append((message.delivery_attempt, time.monotonic()))
+            raise ValueError("cannot bill this order")
+        good.add(message.data)
+
+    async def dead_handler(message: streamsub.Message) -> None:
+        dead.append(message)
+
+    async with (
+        client.subscribe("billing", handler),
+        client.subscribe("orders-dead-sub", dead_handler),
+    ):
+        poison_id = await client.publish(
+            "orders", b"poison", ordering_key="c-1", attributes={"order": "7"}
+        )
+        for i in range(100):
+            await client.publish("orders", f"good-{i}".encode())
+            await asyncio.sleep(0.01)
+        await until(lambda: len(dead) >= 1 and len(good) == 100, 15, "the dead letter")
+        await asyncio.sleep(1.5)  # time for a wrong extra delivery or dead letter
+
+    assert [attempt for attempt, _ in poison] == [1, 2, 3, 4]
+    gaps = [later - earlier for (_, earlier), (_, later) in itertools.pairwise(poison)]
+    for gap, backoff in zip(gaps, (0.2, 0.4, 0.8), strict=True):
+        assert gap >= backoff - 0.02, f"gaps {gaps} shorter than the backoff"
+    assert len(dead) == 1
+    letter = dead[0]
+    assert letter.data == b"poison"
+    assert letter.ordering_key == "c-1"
+    assert letter.attributes["order"] == "7"
+    assert set(letter.attributes) >= DEAD_LETTER_KEYS
+    assert letter.attributes["streamsub.source_topic"] == "orders"
+    assert letter.attributes["streamsub.source_subscription"] == "billing"
+    assert letter.attributes["streamsub.source_message_id"] == poison_id
+    assert letter.attributes["streamsub.delivery_attempts"] == "4"
+    assert "cannot bill this order" in letter.attributes["streamsub.dead_letter_reason"]
+    first = int(letter.attributes["streamsub.first_delivery_ms"])
+    last = int(letter.attributes["streamsub.last_delivery_ms"])
+    assert first < last
+    assert (await client.subscription_stats("billing")).pending == 0
+
+
+async def test_without_a_dead_letter_topic_redelivery_goes_on(client: streamsub.Client) -> None:
+    """Without a dead-letter topic a failing message is redelivered past
+    max_delivery_attempts, as in Pub/Sub."""
+    await client.create_topic("jobs")
+    await client.create_subscription(
+        "workers", topic="jobs", ack_deadline=0.3, max_delivery_attempts=2
+    )
+    attempts: list[int] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        attempts.append(message.delivery_attempt)
+        if message.delivery_attempt < 4:
+            raise RuntimeError("not yet")
+
+    async with client.subscribe("workers", handler):
+        await client.publish("jobs", b"job")
+        await until(lambda: attempts[-1:] == [4], 10, "a fourth attempt")
+    assert attempts == [1, 2, 3, 4]
+
+
+async def test_nacks_count_exact_delivery_attempts(client: streamsub.Client) -> None:
+    """Nacking in manual mode redelivers with delivery_attempt 1, 2, 3: the server's count."""
+    await client.create_topic("counted")
+    await client.create_subscription("counter", topic="counted", ack_deadline=0.5)
+    attempts: list[int] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        attempts.append(message.delivery_attempt)
+        if message.delivery_attempt < 3:
+            await message.nack()
+        else:
+            await message.ack()
+
+    async with client.subscribe("counter", handler, ack_mode="manual"):
+        await client.publish("counted", b"m")
+        await until(lambda: len(attempts) == 3, 10, "three deliveries")
+        await asyncio.sleep(0.6)
+    assert attempts == [1, 2, 3]
+
+
+async def test_backoff_longer_than_the_ack_deadline_is_kept(client: streamsub.Client) -> None:
+    """A retry policy whose backoff exceeds the ack deadline still waits that long,
+    even with another subscriber sweeping the same subscription."""
+    await client.create_topic("slow-retry")
+    await client.create_subscription(
+        "slow-retry-sub",
+        topic="slow-retry",
+        ack_deadline=0.3,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=1.2, maximum_backoff=5.0),
+    )
+    deliveries: list[float] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        deliveries.append(time.monotonic())
+        if message.delivery_attempt == 1:
+            raise RuntimeError("again later")
+
+    async with (
+        client.subscribe("slow-retry-sub", handler, consumer="one"),
+        client.subscribe("slow-retry-sub", handler, consumer="two"),
+    ):
+        await client.publish("slow-retry", b"m")
+        await until(lambda: len(deliveries) == 2, 10, "the retry")
+    assert deliveries[1] - deliveries[0] >= 1.2 - 0.02
+
+
+async def test_foreign_entry_is_dead_lettered_as_undecodable(
+    client: streamsub.Client, server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """An entry written with redis-cli XADD with unknown fields lands in the
+    dead-letter topic with reason "undecodable", and the subscriber keeps going."""
+    await client.create_topic("mixed", partitions=2)
+    await client.create_topic("mixed-dead")
+    await client.create_subscription("mixed-dead-sub", topic="mixed-dead")
+    await client.create_subscription("mixed-sub", topic="mixed", dead_letter_topic="mixed-dead")
+    good: list[bytes] = []
+    dead: list[streamsub.Message] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        good.append(message.data)
+
+    async def dead_handler(message: streamsub.Message) -> None:
+        dead.append(message)
+
+    async with (
+        client.subscribe("mixed-sub", handler),
+        client.subscribe("mixed-dead-sub", dead_handler),
+    ):
+        cli = shutil.which("redis-cli")
+        if cli:
+            process = await asyncio.create_subprocess_exec(
+                cli, "-u", server.url, "XADD", "ss:{mixed.0}", "*", "foo", "bar"
+            )
+            assert await process.wait() == 0
+        else:
+            redis_client.xadd("ss:{mixed.0}", {"foo": "bar"})
+        await client.publish("mixed", b"after")
+        await until(lambda: dead and good, 10, "the dead letter and the good message")
+    assert good == [b"after"]
+    letter = dead[0]
+    assert letter.attributes["streamsub.dead_letter_reason"].startswith("undecodable")
+    assert json.loads(letter.data) == {"foo": "bar"}
+    assert (await client.subscription_stats("mixed-sub")).pending == 0
+
+
+async def test_dead_letter_called_by_the_handler(client: streamsub.Client) -> None:
+    """message.dead_letter(reason) moves the message at once, with that reason;
+    without a dead-letter topic it raises FailedPreconditionError."""
+    await client.create_topic("manual")
+    await client.create_topic("manual-dead")
+    await client.create_subscription("manual-dead-sub", topic="manual-dead")
+    await client.create_subscription("manual-sub", topic="manual", dead_letter_topic="manual-dead")
+    await client.create_subscription("manual-plain", topic="manual")
+    dead: list[streamsub.Message] = []
+    refused: list[BaseException] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        await message.dead_letter("schema v1 is no longer supported")
+
+    async def plain(message: streamsub.Message) -> None:
+        try:
+            await message.dead_letter("nowhere to go")
+        except streamsub.FailedPreconditionError as exc:
+            refused.append(exc)
+
+    async def dead_handler(message: streamsub.Message) -> None:
+        dead.append(message)
+
+    async with (
+        client.subscribe("manual-sub", handler, ack_mode="manual"),
+        client.subscribe("manual-plain", plain),
+        client.subscribe("manual-dead-sub", dead_handler),
+    ):
+        await client.publish("manual", b"old")
+        await until(lambda: dead and refused, 10, "the dead letter and the refusal")
+    assert dead[0].attributes["streamsub.dead_letter_reason"] == "schema v1 is no longer supported"
+    assert dead[0].attributes["streamsub.delivery_attempts"] == "1"
+    assert "dead_letter_topic" in str(refused[0])
+
+
+async def test_a_slow_handler_keeps_its_message(client: streamsub.Client) -> None:
+    """A handler taking three ack deadlines keeps its lease: the message is not
+    redelivered to another subscriber of the subscription."""
+    await client.create_topic("slow")
+    await client.create_subscription("slow-sub", topic="slow", ack_deadline=1.0)
+    seen: list[tuple[str, int]] = []
+
+    async def slow(message: streamsub.Message) -> None:
+        seen.append(("slow", message.delivery_attempt))
+        await asyncio.sleep(3.0)
+
+    async def other(message: streamsub.Message) -> None:
+        seen.append(("other", message.delivery_attempt))
+
+    async with client.subscribe("slow-sub", slow, consumer="slow"):
+        await client.publish("slow", b"m")
+        await until(lambda: bool(seen), 5, "the first delivery")
+        async with client.subscribe("slow-sub", other, consumer="other"):
+            await asyncio.sleep(3.2)
+    assert seen == [("slow", 1)]
+    assert (await client.subscription_stats("slow-sub")).pending == 0
+
+
+async def test_a_handler_past_max_lease_duration_loses_its_message(
+    client: streamsub.Client,
+) -> None:
+    """Past max_lease_duration a message is no longer extended, and another
+    subscriber receives it (delivery_attempt 2)."""
+    await client.create_topic("stuck")
+    await client.create_subscription("stuck-sub", topic="stuck", ack_deadline=1.0)
+    seen: list[tuple[str, int]] = []
+
+    async def stuck(message: streamsub.Message) -> None:
+        seen.append(("stuck", message.delivery_attempt))
+        await asyncio.sleep(4.0)
+
+    async def other(message: streamsub.Message) -> None:
+        seen.append(("other", message.delivery_attempt))
+
+    async with client.subscribe("stuck-sub", stuck, consumer="stuck", max_lease_duration=1.5):
+        await client.publish("stuck", b"m")
+        await until(lambda: bool(seen), 5, "the first delivery")
+        async with client.subscribe("stuck-sub", other, consumer="other"):
+            await until(lambda: len(seen) == 2, 6, "the redelivery")
+    assert seen == [("stuck", 1), ("other", 2)]
+
+
+async def test_modify_ack_deadline_zero_redelivers_at_once(client: streamsub.Client) -> None:
+    """modify_ack_deadline(0) gives the message back now, well before the ack deadline."""
+    await client.create_topic("again")
+    await client.create_subscription("again-sub", topic="again", ack_deadline=10.0)
+    deliveries: list[float] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        deliveries.append(time.monotonic())
+        if message.delivery_attempt == 1:
+            await message.modify_ack_deadline(0)
+        else:
+            await message.ack()
+
+    async with client.subscribe("again-sub", handler, ack_mode="manual"):
+        await client.publish("again", b"m")
+        await until(lambda: len(deliveries) == 2, 5, "the redelivery")
+    assert deliveries[1] - deliveries[0] < 1.0
+
+
+async def test_exactly_once_ack_after_a_lost_lease_raises(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """With exactly-once delivery, ack_with_response succeeds while the lease is
+    held, and raises AckError(INVALID_ACK_ID) once another consumer has the message,
+    which stays pending for that consumer."""
+    await client.create_topic("once")
+    await client.create_subscription(
+        "once-sub", topic="once", ack_deadline=5.0, enable_exactly_once_delivery=True
+    )
+    outcomes: list[object] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        if message.data == b"kept":
+            await message.ack_with_response()
+            outcomes.append("acked")
+            return
+        stream = f"ss:{{once.{message.message_id.split('-', 1)[0]}}}"
+        entry_id = message.message_id.split("-", 1)[1]
+        redis_client.xclaim(stream, "once-sub", "thief", 0, [entry_id])
+        try:
+            await message.ack_with_response()
+        except streamsub.AckError as exc:
+            outcomes.append(exc.status)
+        pending = redis_client.xpending_range(stream, "once-sub", entry_id, entry_id, 1)
+        outcomes.append(pending[0]["consumer"].decode())
+
+    async with client.subscribe("once-sub", handler, ack_mode="manual"):
+        await client.publish("once", b"kept")
+        await until(lambda: outcomes == ["acked"], 5, "the first ack")
+        await client.publish("once", b"stolen")
+        await until(lambda: len(outcomes) == 3, 5, "the failed ack")
+    assert outcomes == ["acked", streamsub.AckStatus.INVALID_ACK_ID, "thief"]
+
+
+async def test_leaving_subscribe_releases_a_running_message_at_once(
+    client: streamsub.Client,
+) -> None:
+    """A handler still running at shutdown_timeout is given back, so another
+    subscriber gets it long before the ack deadline; acks made before are flushed."""
+    await client.create_topic("handover")
+    await client.create_subscription("handover-sub", topic="handover", ack_deadline=10.0)
+    seen: list[tuple[str, bytes]] = []
+
+    async def stubborn(message: streamsub.Message) -> None:
+        seen.append(("first", message.data))
+        if message.data == b"long":
+            await asyncio.sleep(30)
+
+    async def second(message: streamsub.Message) -> None:
+        seen.append(("second", message.data))
+
+    async with client.subscribe("handover-sub", stubborn, shutdown_timeout=0.2):
+        await client.publish("handover", b"quick")
+        await client.publish("handover", b"long")
+        await until(lambda: len(seen) == 2, 5, "both deliveries")
+    released = time.monotonic()
+    async with client.subscribe("handover-sub", second):
+        await until(lambda: len(seen) == 3, 5, "the handover")
+    assert time.monotonic() - released < 3.0
+    assert seen[2] == ("second", b"long")
+    assert (await client.subscription_stats("handover-sub")).pending == 0
+
+
+async def test_messages_read_but_never_handled_keep_their_attempt_count(
+    client: streamsub.Client,
+) -> None:
+    """Messages a subscriber read but never handed to its handler (on hold at
+    shutdown) come back with delivery_attempt 1."""
+    await client.create_topic("held", partitions=8)
+    await client.create_subscription("held-sub", topic="held", ack_deadline=10.0)
+    for i in range(40):
+        await client.publish("held", str(i).encode(), ordering_key=f"k{i}")
+    first: list[int] = []
+
+    async def blocking(message: streamsub.Message) -> None:
+        first.append(message.delivery_attempt)
+        await asyncio.sleep(30)
+
+    async with client.subscribe(
+        "held-sub",
+        blocking,
+        flow_control=streamsub.FlowControl(max_messages=2),
+        shutdown_timeout=0.1,
+    ) as sub:
+        await until(lambda: len(first) == 2, 5, "two running handlers")
+        assert sub.statistics().flow.on_hold > 0, "the test needs messages on hold"
+    attempts: dict[bytes, int] = {}
+
+    async def handler(message: streamsub.Message) -> None:
+        attempts[message.data] = message.delivery_attempt
+
+    async with client.subscribe("held-sub", handler):
+        await until(lambda: len(attempts) == 40, 10, "all forty messages")
+    assert sorted(attempts.values()).count(2) == 2  # the two that ran
+    assert sorted(attempts.values()).count(1) == 38
+
+
+async def test_consumer_names_and_idle_consumer_cleanup(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """Default consumer names differ per subscriber; a consumer idle past
+    consumer_expiry with nothing pending is deleted, one with pending entries is not."""
+    await client.create_topic("crew", partitions=1)
+    await client.create_subscription("crew-sub", topic="crew")
+
+    async def nothing(message: streamsub.Message) -> None:
+        """Handle nothing."""
+
+    first, second = client.subscribe("crew-sub", nothing), client.subscribe("crew-sub", nothing)
+    assert first.consumer != second.consumer
+    await client.publish("crew", b"m")
+    redis_client.xreadgroup("crew-sub", "holder", {"ss:{crew.0}": ">"}, count=1)
+    redis_client.xgroup_createconsumer("ss:{crew.0}", "crew-sub", "idle-empty")
+    await asyncio.sleep(1.1)
+    async with client.subscribe("crew-sub", nothing, consumer="sweeper", consumer_expiry=1.0):
+        names = lambda: {c["name"] for c in redis_client.xinfo_consumers("ss:{crew.0}", "crew-sub")}  # noqa: E731
+        await until(
+            lambda: b"idle-empty" not in names() and "idle-empty" not in names(), 5, "the cleanup"
+        )
+        consumers = {
+            (c["name"].decode() if isinstance(c["name"], bytes) else c["name"]): c["pending"]
+            for c in redis_client.xinfo_consumers("ss:{crew.0}", "crew-sub")
+        }
+    assert "idle-empty" not in consumers
+    assert consumers.get("holder") == 1
+
+
+@pytest.mark.parametrize("seconds", [0, -1])
+async def test_modify_ack_deadline_non_positive_means_nack(
+    client: streamsub.Client, seconds: float
+) -> None:
+    """modify_ack_deadline with 0 or less is a nack: the message comes again."""
+    await client.create_topic("mod")
+    await client.create_subscription("mod-sub", topic="mod", ack_deadline=5.0)
+    attempts: list[int] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        attempts.append(message.delivery_attempt)
+        if message.delivery_attempt == 1:
+            await message.modify_ack_deadline(seconds)
+        else:
+            await message.ack()
+
+    async with client.subscribe("mod-sub", handler, ack_mode="manual"):
+        await client.publish("mod", b"m")
+        await until(lambda: attempts == [1, 2], 5, "the redelivery")
