@@ -240,16 +240,25 @@ async def test_dead_letter_called_by_the_handler(client: streamsub.Client) -> No
     assert "dead_letter_topic" in str(refused[0])
 
 
-async def test_a_slow_handler_keeps_its_message(client: streamsub.Client) -> None:
+async def test_a_slow_handler_keeps_its_message(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
     """A handler taking three ack deadlines keeps its lease: the message is not
     redelivered to another subscriber of the subscription."""
     await client.create_topic("slow")
     await client.create_subscription("slow-sub", topic="slow", ack_deadline=1.0)
     seen: list[tuple[str, int]] = []
 
+    counts: list[int] = []
+
     async def slow(message: streamsub.Message) -> None:
         seen.append(("slow", message.delivery_attempt))
         await asyncio.sleep(3.0)
+        partition, entry_id = message.message_id.split("-", 1)
+        (entry,) = redis_client.xpending_range(
+            f"ss:{{slow.{partition}}}", "slow-sub", entry_id, entry_id, 1
+        )
+        counts.append(entry["times_delivered"])
 
     async def other(message: streamsub.Message) -> None:
         seen.append(("other", message.delivery_attempt))
@@ -260,6 +269,7 @@ async def test_a_slow_handler_keeps_its_message(client: streamsub.Client) -> Non
         async with client.subscribe("slow-sub", other, consumer="other"):
             await asyncio.sleep(3.2)
     assert seen == [("slow", 1)]
+    assert counts == [1], "the lease must be extended, not the message claimed again"
     assert (await client.subscription_stats("slow-sub")).pending == 0
 
 

@@ -139,8 +139,6 @@ class Receiver:
             ack_deadline=self._ack_deadline, max_lease_duration=max_lease_duration
         )
         self._held: dict[_Key, Message] = {}
-        self._unleased: set[_Key] = set()
-        """Held messages whose lease ended while their handler still runs."""
         self._acks: dict[int, list[str]] = collections.defaultdict(list)
         self._forget: dict[int, list[str]] = collections.defaultdict(list)
         self._nacks: dict[int, list[_Nack]] = collections.defaultdict(list)
@@ -620,7 +618,6 @@ class Receiver:
         while True:
             await asyncio.sleep(self._leases.extend_interval)
             due = self._leases.due(self._clock())
-            self._unleased.update(key for key in due.expired if key in self._held)
             for partition, entry_id in due.expired:
                 log.warning(
                     "streamsub: message %s-%s of %r passed its lease (max_lease_duration or "
@@ -645,7 +642,6 @@ class Receiver:
                 for entry_id in entry_ids:
                     if entry_id not in still:
                         self._leases.remove((partition, entry_id))
-                        self._unleased.add((partition, entry_id))
 
     # --- reclaiming ------------------------------------------------------------
     @property
@@ -682,9 +678,10 @@ class Receiver:
 
     async def _sweep(self, min_idle_ms: int) -> None:
         max_attempts = self._max_attempts if self._dead_letter_topic is not None else 0
-        self._unleased.intersection_update(self._held)
+        # What our handlers still hold is ours, leased or not: claiming it again
+        # would count a delivery that does not happen.
         skip: dict[int, list[str]] = collections.defaultdict(list)
-        for partition, entry_id in self._unleased:
+        for partition, entry_id in self._held:
             skip[partition].append(entry_id)
         cursors = dict.fromkeys(range(self._topic.partitions), "-")
         while cursors:
@@ -717,7 +714,7 @@ class Receiver:
                         self._group,
                     )
                 elif (entry.partition, entry.entry_id) in self._held:
-                    continue  # still ours: our lease lapsed, the handler still runs
+                    continue  # settled-and-held race: it came back while we still had it
                 elif item.state == "exhausted":
                     self._exhausted(item)
                 else:
