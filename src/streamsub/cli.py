@@ -134,14 +134,29 @@ def fail(message: str, code: int) -> NoReturn:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` to completion, turning streamsub errors into exit codes."""
+    """Run ``main`` to completion, turning streamsub errors into exit codes.
+
+    SIGTERM, like Ctrl-C, cancels ``main``: a running subscriber then stops
+    reading, lets its handlers finish, gives back what is left and flushes its acks.
+    """
     try:
-        return asyncio.run(main)
+        return asyncio.run(_cancelled_by_sigterm(main))
     except StreamsubError as exc:
         fail(str(exc), exit_code(exc))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         err.print(Text("interrupted", style="yellow"))
         raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+async def _cancelled_by_sigterm(main: Coroutine[Any, Any, T]) -> T:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await main
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _print_json(value: object) -> None:

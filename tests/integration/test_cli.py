@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from typer.testing import CliRunner, Result
 
 from streamsub.cli import app
@@ -254,3 +255,35 @@ def test_dev_server_serves_until_sigterm(tmp_path: Path) -> None:
         time.sleep(0.1)
     else:
         pytest.fail("the dev server still answers after SIGTERM")
+
+
+def test_pull_stopped_by_sigterm_gives_its_messages_back(cli: Any, cli_server: RedisServer) -> None:
+    """SIGTERM stops ``pull`` gracefully: it exits 130 and releases what it held, so
+    another subscriber may take it at once instead of after the ack deadline."""
+    assert cli("topic", "create", "sigterm-t", "--partitions", "1").exit_code == 0
+    created = cli("sub", "create", "sigterm-s", "--topic", "sigterm-t", "--ack-deadline", "60")
+    assert created.exit_code == 0
+    assert cli("publish", "sigterm-t", "one", "two").exit_code == 0
+    process = subprocess.Popen(
+        [*STREAMSUB, "pull", "sigterm-s", "-n", "10", "--timeout", "30"],
+        env={**os.environ, "STREAMSUB_URL": cli_server.url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    client = redis.Redis.from_url(cli_server.url)
+    try:
+        deadline = time.monotonic() + 20
+        while not client.xpending("ss:{sigterm-t.0}", "sigterm-s")["pending"]:
+            assert time.monotonic() < deadline, "pull never received the messages"
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+        assert process.returncode == 130, stderr
+        pending = client.xpending_range("ss:{sigterm-t.0}", "sigterm-s", "-", "+", 10)
+        assert len(pending) == 2
+        assert all(entry["time_since_delivered"] >= 60_000 for entry in pending)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        client.close()
