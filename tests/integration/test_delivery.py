@@ -463,3 +463,24 @@ async def test_modify_ack_deadline_non_positive_means_nack(
     async with client.subscribe("mod-sub", handler, ack_mode="manual"):
         await client.publish("mod", b"m")
         await until(lambda: attempts == [1, 2], 5, "the redelivery")
+
+
+async def test_pending_entries_trimmed_away_are_counted_lost(
+    client: streamsub.Client, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An entry deleted from the stream while pending (trimmed by someone else) is
+    counted as lost and logged when the reclaimer finds it, never dropped silently."""
+    await client.create_topic("trimmed", partitions=1)
+    await client.create_subscription("trimmed-sub", topic="trimmed", ack_deadline=0.5)
+    redis_client.xreadgroup("trimmed-sub", "crashed", {"ss:{trimmed.0}": ">"})
+    await client.publish("trimmed", b"doomed")
+    (entry,) = redis_client.xreadgroup("trimmed-sub", "crashed", {"ss:{trimmed.0}": ">"})[0][1]
+    redis_client.xdel("ss:{trimmed.0}", entry[0])
+
+    async def handler(message: streamsub.Message) -> None:
+        raise AssertionError("a deleted entry must not be delivered")
+
+    async with client.subscribe("trimmed-sub", handler) as sub:
+        await until(lambda: sub.statistics().lost == 1, 5, "the loss to be counted")
+    assert any("lost" in record.getMessage() for record in caplog.records)
+    assert (await client.subscription_stats("trimmed-sub")).pending == 0
