@@ -27,6 +27,16 @@ DEAD_LETTER_KEYS = {
 }
 
 
+class Inbox:
+    """A handler that keeps what it is given (an async callable object)."""
+
+    def __init__(self) -> None:
+        self.messages: list[streamsub.Message] = []
+
+    async def __call__(self, message: streamsub.Message) -> None:
+        self.messages.append(message)
+
+
 async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
     """Wait for ``condition``; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -55,7 +65,7 @@ async def test_poison_message_is_retried_with_backoff_then_dead_lettered_once(
     )
     poison: list[tuple[int, float]] = []
     good: set[bytes] = set()
-    dead: list[streamsub.Message] = []
+    dead = Inbox()
 
     async def handler(message: streamsub.Message) -> None:
         if message.data == b"poison":
@@ -63,12 +73,9 @@ async def test_poison_message_is_retried_with_backoff_then_dead_lettered_once(
             raise ValueError("cannot bill this order")
         good.add(message.data)
 
-    async def dead_handler(message: streamsub.Message) -> None:
-        dead.append(message)
-
     async with (
         client.subscribe("billing", handler),
-        client.subscribe("orders-dead-sub", dead_handler),
+        client.subscribe("orders-dead-sub", dead),
     ):
         poison_id = await client.publish(
             "orders", b"poison", ordering_key="c-1", attributes={"order": "7"}
@@ -76,15 +83,15 @@ async def test_poison_message_is_retried_with_backoff_then_dead_lettered_once(
         for i in range(100):
             await client.publish("orders", f"good-{i}".encode())
             await asyncio.sleep(0.01)
-        await until(lambda: len(dead) >= 1 and len(good) == 100, 15, "the dead letter")
+        await until(lambda: len(dead.messages) >= 1 and len(good) == 100, 15, "the dead letter")
         await asyncio.sleep(1.5)  # time for a wrong extra delivery or dead letter
 
     assert [attempt for attempt, _ in poison] == [1, 2, 3, 4]
     gaps = [later - earlier for (_, earlier), (_, later) in itertools.pairwise(poison)]
     for gap, backoff in zip(gaps, (0.2, 0.4, 0.8), strict=True):
         assert gap >= backoff - 0.02, f"gaps {gaps} shorter than the backoff"
-    assert len(dead) == 1
-    letter = dead[0]
+    assert len(dead.messages) == 1
+    letter = dead.messages[0]
     assert letter.data == b"poison"
     assert letter.ordering_key == "c-1"
     assert letter.attributes["order"] == "7"
@@ -176,17 +183,14 @@ async def test_foreign_entry_is_dead_lettered_as_undecodable(
     await client.create_subscription("mixed-dead-sub", topic="mixed-dead")
     await client.create_subscription("mixed-sub", topic="mixed", dead_letter_topic="mixed-dead")
     good: list[bytes] = []
-    dead: list[streamsub.Message] = []
+    dead = Inbox()
 
     async def handler(message: streamsub.Message) -> None:
         good.append(message.data)
 
-    async def dead_handler(message: streamsub.Message) -> None:
-        dead.append(message)
-
     async with (
         client.subscribe("mixed-sub", handler),
-        client.subscribe("mixed-dead-sub", dead_handler),
+        client.subscribe("mixed-dead-sub", dead),
     ):
         cli = shutil.which("redis-cli")
         if cli:
@@ -197,9 +201,11 @@ async def test_foreign_entry_is_dead_lettered_as_undecodable(
         else:
             redis_client.xadd("ss:{mixed.0}", {"foo": "bar"})
         await client.publish("mixed", b"after")
-        await until(lambda: dead and good, 10, "the dead letter and the good message")
+        await until(
+            lambda: bool(dead.messages and good), 10, "the dead letter and the good message"
+        )
     assert good == [b"after"]
-    letter = dead[0]
+    letter = dead.messages[0]
     assert letter.attributes["streamsub.dead_letter_reason"].startswith("undecodable")
     assert json.loads(letter.data) == {"foo": "bar"}
     assert (await client.subscription_stats("mixed-sub")).pending == 0
@@ -213,7 +219,7 @@ async def test_dead_letter_called_by_the_handler(client: streamsub.Client) -> No
     await client.create_subscription("manual-dead-sub", topic="manual-dead")
     await client.create_subscription("manual-sub", topic="manual", dead_letter_topic="manual-dead")
     await client.create_subscription("manual-plain", topic="manual")
-    dead: list[streamsub.Message] = []
+    dead = Inbox()
     refused: list[BaseException] = []
 
     async def handler(message: streamsub.Message) -> None:
@@ -225,18 +231,18 @@ async def test_dead_letter_called_by_the_handler(client: streamsub.Client) -> No
         except streamsub.FailedPreconditionError as exc:
             refused.append(exc)
 
-    async def dead_handler(message: streamsub.Message) -> None:
-        dead.append(message)
-
     async with (
         client.subscribe("manual-sub", handler, ack_mode="manual"),
         client.subscribe("manual-plain", plain),
-        client.subscribe("manual-dead-sub", dead_handler),
+        client.subscribe("manual-dead-sub", dead),
     ):
         await client.publish("manual", b"old")
-        await until(lambda: dead and refused, 10, "the dead letter and the refusal")
-    assert dead[0].attributes["streamsub.dead_letter_reason"] == "schema v1 is no longer supported"
-    assert dead[0].attributes["streamsub.delivery_attempts"] == "1"
+        await until(lambda: bool(dead.messages and refused), 10, "the dead letter and the refusal")
+    assert (
+        dead.messages[0].attributes["streamsub.dead_letter_reason"]
+        == "schema v1 is no longer supported"
+    )
+    assert dead.messages[0].attributes["streamsub.delivery_attempts"] == "1"
     assert "dead_letter_topic" in str(refused[0])
 
 
