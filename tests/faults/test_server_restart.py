@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
 import pytest
 
 import streamsub
 from streamsub.testing import redis_server
+from tests._wait import until
 
 
 @pytest.mark.slow
@@ -54,22 +54,14 @@ async def test_publishers_and_subscribers_recover_from_a_server_restart(
 
             async with client.subscribe("restart-sub", handler):
                 task = asyncio.create_task(publisher())
-                await _until(lambda: len(received) >= 2000, 20, "messages before the kill")
+                await until(lambda: len(received) >= 2000, 20, "messages before the kill")
                 server.kill()
                 await asyncio.sleep(1.0)
                 before_restart = failures
                 server.start()
-                await _until(lambda: len(stored) >= 8000, 30, "publishing to resume")
+                await until(lambda: len(stored) >= 8000, 30, "publishing to resume")
                 stop.set()
                 await task
-                await _until(lambda: received >= set(stored), 30, "every stored message")
+                await until(lambda: received >= set(stored), 30, "every stored message")
             assert before_restart > 0, "the publisher never noticed the server was down"
     assert any("retrying" in r.getMessage() for r in caplog.records), "no reconnect was logged"
-
-
-async def _until(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)

@@ -15,6 +15,7 @@ import redis
 
 import streamsub
 from streamsub.testing import redis_server
+from tests._wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
 ACK_DEADLINE = 2.0
@@ -37,14 +38,6 @@ def _start(url: str, consumer: str, output: Path) -> subprocess.Popen[bytes]:
     )
 
 
-async def _wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_killed_subscriber_loses_nothing_and_its_messages_come_back_quickly(
@@ -62,7 +55,7 @@ async def test_killed_subscriber_loses_nothing_and_its_messages_come_back_quickl
             outputs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "c")}
             procs = {name: _start(server.url, name, path) for name, path in outputs.items()}
             try:
-                await _wait_for(
+                await until(
                     lambda: all(p.exists() and "ready" in p.read_text() for p in outputs.values()),
                     30,
                     "the subscribers to start",
@@ -94,7 +87,7 @@ async def test_killed_subscriber_loses_nothing_and_its_messages_come_back_quickl
                     seen = {r[0] for path in outputs.values() for r in _records(path)}
                     return seen >= set(published)
 
-                await _wait_for(all_seen, 90, "every published message to be handled")
+                await until(all_seen, 90, "every published message to be handled")
 
                 async def settled() -> bool:
                     stats = await client.subscription_stats("crash-sub")

@@ -8,13 +8,13 @@ import itertools
 import json
 import shutil
 import time
-from collections.abc import Callable
 
 import pytest
 import redis
 
 import streamsub
 from streamsub.testing import RedisServer
+from tests._wait import until
 
 DEAD_LETTER_KEYS = {
     "streamsub.source_topic",
@@ -35,15 +35,6 @@ class Inbox:
 
     async def __call__(self, message: streamsub.Message) -> None:
         self.messages.append(message)
-
-
-async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Wait for ``condition``; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def test_poison_message_is_retried_with_backoff_then_dead_lettered_once(
