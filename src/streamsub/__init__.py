@@ -27,7 +27,7 @@ from ._client import (
     connect,
 )
 from ._core.partition import fnv1a_32
-from ._engine.receiver import ReceiverStatistics
+from ._engine.receiver import SHUTDOWN_MARGIN, ReceiverStatistics
 from ._errors import (
     AckError,
     AckStatus,
@@ -69,6 +69,7 @@ __all__ = [
     "OutgoingMessage",
     "ReceiverStatistics",
     "RetryPolicy",
+    "SHUTDOWN_MARGIN",
     "StreamsubError",
     "Subscriber",
     "Subscription",

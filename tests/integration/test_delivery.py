@@ -384,8 +384,8 @@ async def test_messages_read_but_never_handled_keep_their_attempt_count(
     shutdown) come back with delivery_attempt 1."""
     await client.create_topic("held", partitions=8)
     await client.create_subscription("held-sub", topic="held", ack_deadline=10.0)
-    for i in range(40):
-        await client.publish("held", str(i).encode(), ordering_key=f"k{i}")
+    for i in range(40):  # 33 bytes each: two fit in max_bytes, the rest of a read waits
+        await client.publish("held", f"{i:030d}".encode(), ordering_key=f"k{i:02d}")
     first: list[int] = []
 
     async def blocking(message: streamsub.Message) -> None:
@@ -395,7 +395,7 @@ async def test_messages_read_but_never_handled_keep_their_attempt_count(
     async with client.subscribe(
         "held-sub",
         blocking,
-        flow_control=streamsub.FlowControl(max_messages=2),
+        flow_control=streamsub.FlowControl(max_messages=20, max_bytes=80),
         shutdown_timeout=0.1,
     ) as sub:
         await until(lambda: len(first) == 2, 5, "two running handlers")
