@@ -55,10 +55,11 @@ def test_messages_on_hold_count_against_reservations() -> None:
     assert flow.reserve(100) == Grant(0, 0)  # bytes: 15 of 10 outstanding
 
 
-def test_the_first_read_takes_an_eighth_of_max_bytes_at_most() -> None:
-    """Before any message was seen a read assumes messages of max_bytes / 8."""
+def test_the_first_read_asks_for_one_message() -> None:
+    """Before any message was seen a read assumes one of max_bytes: it takes one."""
     flow = controller(max_messages=1000, max_bytes=800)
-    assert flow.reserve(1000) == Grant(8, 800)
+    assert flow.reserve(1000) == Grant(1, 800)
+    assert flow.reserve(1000) == Grant(0, 0)
 
 
 def test_reservations_follow_the_size_of_the_messages_read() -> None:

@@ -13,12 +13,13 @@ The bounds, exactly:
   partitions), so the bound holds for what is held, not only for what runs.
 - **bytes**: the server cannot be asked for bytes, only for a count, so a read
   reserves ``count * estimate`` bytes, where the estimate is the mean size of
-  the messages the previous read returned (before any read: ``max_bytes / 8``).
-  Outstanding bytes plus reserved bytes stay under ``max_bytes`` at the
-  estimate; what is held can exceed ``max_bytes`` only by how much the messages
-  of the reads in flight exceed the estimate. One message larger than
-  ``max_bytes`` is still read, alone, once nothing else is outstanding, so it
-  cannot stall the subscription.
+  the messages the previous read returned. Before any message was seen the
+  estimate is ``max_bytes``: the first read asks for one message. Outstanding
+  bytes plus reserved bytes stay under ``max_bytes`` at the estimate; what is
+  held can exceed ``max_bytes`` only by how much the messages of the reads in
+  flight exceed the estimate (not at all when sizes are even). One message
+  larger than ``max_bytes`` is still read, alone, once nothing else is
+  outstanding, so it cannot stall the subscription.
 - **running**: a held message starts (its handler runs) only while fewer than
   ``max_messages`` run and its bytes fit under ``max_bytes``; the others wait on
   hold in arrival order.
@@ -41,11 +42,6 @@ from .._settings import FlowControl
 __all__ = ["FlowController", "FlowStatistics", "Grant"]
 
 T = TypeVar("T")
-
-_FIRST_ESTIMATE_FRACTION = 8
-"""Before any message was seen, a read may take max_bytes / 8 at most: a few
-huge messages cannot overshoot the byte bound by much."""
-
 
 class Grant(NamedTuple):
     """A reservation for one read or reclaim: messages, and bytes at the estimate."""
@@ -94,7 +90,7 @@ class FlowController(Generic[T]):
         self._reserved_bytes = 0
         self._running = 0
         self._running_bytes = 0
-        self._estimate = max(1, settings.max_bytes // _FIRST_ESTIMATE_FRACTION)
+        self._estimate = settings.max_bytes  # until a read shows the real size
         self._priority = False
         self._hold: collections.deque[tuple[T, int]] = collections.deque()
 
