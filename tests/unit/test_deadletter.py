@@ -22,7 +22,9 @@ def test_a_long_non_ascii_reason_is_cut_by_bytes_and_keeps_user_attributes() -> 
     decoded = decode(encoded.fields)
     reason = decoded.attributes[REASON]
     assert len(reason.encode()) <= 1024
-    assert reason.startswith("éé") and reason.endswith("...")
+    assert reason.startswith("éé")
+    assert reason.endswith("...")
     assert decoded.attributes["tenant"] == "acme"
     assert decoded.attributes["kind"] == "order"
-    assert decoded.data == b"payload" and decoded.ordering_key == "key-1"
+    assert decoded.data == b"payload"
+    assert decoded.ordering_key == "key-1"

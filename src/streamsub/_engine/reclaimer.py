@@ -87,20 +87,18 @@ class Reclaimer:
         errors = Backoff()
         sweep_consumers_every = min(CONSUMER_SWEEP_EVERY, self._consumer_expiry / 2)
         next_consumer_sweep = self._clock() + sweep_consumers_every
-        self._due = self._clock()  # at start: take over what others gave back
+        next_sweep = self._clock()  # at start: take over what others gave back
         while not self._stopping:
             now = self._clock()
-            wait = min(self._interval, max(0.0, next_consumer_sweep - now))
-            if self._due is not None:
-                wait = min(wait, max(0.0, self._due - now))
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
-            if self._stopping:
-                return
-            if self._due is not None and self._due > self._clock():
+            due = next_sweep if self._due is None else min(next_sweep, self._due)
+            if due > now:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), due - now)
                 continue
-            self._due = None
+            next_sweep = now + self._interval
+            if self._due is not None and self._due <= now:
+                self._due = None
             try:
                 await self.sweep()
                 if self._clock() >= next_consumer_sweep:
