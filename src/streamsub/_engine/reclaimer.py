@@ -90,17 +90,20 @@ class Reclaimer:
         next_sweep = self._clock()  # at start: take over what others gave back
         while not self._stopping:
             now = self._clock()
-            due = next_sweep if self._due is None else min(next_sweep, self._due)
-            if due > now:
+            sweep_at = next_sweep if self._due is None else min(next_sweep, self._due)
+            if min(sweep_at, next_consumer_sweep) > now:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), due - now)
+                    await asyncio.wait_for(
+                        self._wake.wait(), min(sweep_at, next_consumer_sweep) - now
+                    )
                 continue
-            next_sweep = now + self._interval
-            if self._due is not None and self._due <= now:
-                self._due = None
             try:
-                await self.sweep()
+                if sweep_at <= now:
+                    next_sweep = now + self._interval
+                    if self._due is not None and self._due <= now:
+                        self._due = None
+                    await self.sweep()
                 if self._clock() >= next_consumer_sweep:
                     next_consumer_sweep = self._clock() + sweep_consumers_every
                     await self._delete_idle_consumers()
