@@ -60,9 +60,9 @@ AckMode = Literal["auto", "manual"]
 
 READERS = 2
 """Reads in flight at once: one is parsed and handled while Redis serves the other."""
-READ_SHARE = 3
-"""Each read reserves at most 1/3 of max_messages, leaving the reclaimer room
-while reads wait on an idle server."""
+READ_SHARE = 2
+"""Each read reserves at most half of max_messages (the reclaimer, when it finds
+no room, is served first: see the flow controller's priority)."""
 FLUSH_TIMEOUT = 3.0
 """Seconds the settler has to send what is queued when the subscriber stops."""
 SHUTDOWN_MARGIN = READ_BLOCK_MS / 1000 + 1.0 + FLUSH_TIMEOUT
