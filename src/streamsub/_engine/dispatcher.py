@@ -75,14 +75,14 @@ class Dispatcher:
             await self._handler(message)  # type: ignore[misc]
         except asyncio.CancelledError as exc:
             if _cancelled_by_owner():
-                self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+                self._tasks.discard(asyncio.current_task())
                 raise
             self._done(message, exc)
         except Exception as exc:
             self._done(message, exc)
         else:
             self._done(message, None)
-        self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._tasks.discard(asyncio.current_task())
 
     async def _run_sync(self, message: Message) -> None:
         if self._executor is None:
@@ -98,14 +98,14 @@ class Dispatcher:
                 await result
         except asyncio.CancelledError as exc:
             if _cancelled_by_owner():
-                self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+                self._tasks.discard(asyncio.current_task())
                 raise
             self._done(message, exc)
         except Exception as exc:
             self._done(message, exc)
         else:
             self._done(message, None)
-        self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._tasks.discard(asyncio.current_task())
 
     async def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for running handlers; cancel the rest."""
