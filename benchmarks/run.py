@@ -314,6 +314,7 @@ def to_json(
     skipped: dict[str, str],
     versions: dict[str, str],
     results: dict[str, dict[str, Series]],
+    load_at_start: tuple[float, float, float],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -328,7 +329,8 @@ def to_json(
         },
         "machine": {
             "cpus": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg(),
+            "loadavg_at_start": load_at_start,
+            "loadavg_at_end": os.getloadavg(),
             "python": sys.version,
             "platform": platform.platform(),
         },
@@ -392,9 +394,10 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"redis: {redis_url} ({versions['redis-server']})")
         if nats_url:
             print(f"nats:  {nats_url} ({versions['nats-server']}, {args.nats_storage} storage)")
+        load_at_start = os.getloadavg()
         print(
             f"{args.rounds} round(s), {args.size}-byte messages, {os.cpu_count()} cpus, "
-            f"load {os.getloadavg()[0]:.2f}; messages per round: "
+            f"load {load_at_start[0]:.2f}; messages per round: "
             + ", ".join(f"{name}={count:,}" for name, count in counts.items())
         )
 
@@ -407,7 +410,7 @@ async def main_async(args: argparse.Namespace) -> int:
     report(console, results, counts)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        data = to_json(args, env, counts, skipped, versions, results)
+        data = to_json(args, env, counts, skipped, versions, results, load_at_start)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         print(f"\nraw figures written to {args.json}")
     failed = any(series.error for by_impl in results.values() for series in by_impl.values())
