@@ -7,6 +7,11 @@ with a handler that returns normally (streamsub acks it when it returns) and
 ``FlowControl(max_messages=1000)``. Acks happen after the handler, out of our
 sight, so the clock stops when the server shows no pending entry in any consumer
 group (see :func:`~impls.base.wait_until_all_acked`).
+
+``streamsub-1s`` is the same with a 1 s ack deadline, ``streamsub-def`` the same
+with a plain ``def`` handler (streamsub's thread pool), and ``streamsub-0.1``
+(``impls/streamsub_prev.py``) the same running the previous release. ``streamsub``
+is imported lazily (:meth:`Streamsub.lib`) so that the last can choose which one.
 """
 
 from __future__ import annotations
