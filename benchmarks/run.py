@@ -149,14 +149,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_implementations(
     names: list[str],
 ) -> tuple[dict[str, type[Implementation]], dict[str, str]]:
-    """Import each implementation; one that fails to import is skipped with its reason."""
+    """Import each implementation; one that fails to import or is unavailable here
+    (:meth:`Implementation.unavailable`) is skipped with its reason."""
     loaded: dict[str, type[Implementation]] = {}
     skipped: dict[str, str] = {}
     for name in names:
         try:
-            loaded[name] = load(name)
+            cls = load(name)
         except Exception as exc:  # an impl under construction may fail in any way
             skipped[name] = f"import failed: {type(exc).__name__}: {exc}"
+            continue
+        reason = cls.unavailable()
+        if reason is None:
+            loaded[name] = cls
+        else:
+            skipped[name] = reason
     return loaded, skipped
 
 
@@ -216,7 +223,7 @@ async def run_scenarios(
             for position, name in enumerate(order):
                 if series[name].error is not None:
                     continue
-                label = f"[{scenario} {round_no + 1}/{args.rounds}] {name:<12} n={counts[name]:<7}"
+                label = f"[{scenario} {round_no + 1}/{args.rounds}] {name:<13} n={counts[name]:<7}"
                 print(label, end=" ", flush=True)
                 started = time.monotonic()
                 try:
@@ -285,7 +292,7 @@ def report(console: Console, results: dict[str, dict[str, Series]], counts: dict
         console.print(table)
         for name, series in by_impl.items():
             values = " · ".join(f"{r.throughput:,.0f}" for r in series.rounds) or "—"
-            line = f"  {name:<12} rounds: {values} msgs/s"
+            line = f"  {name:<13} rounds: {values} msgs/s"
             if is_e2e and series.rounds:
                 lat = " · ".join(
                     f"{r.latencies_ms['p50']:.1f}/{r.latencies_ms['p99']:.1f}"
@@ -307,6 +314,7 @@ def to_json(
     skipped: dict[str, str],
     versions: dict[str, str],
     results: dict[str, dict[str, Series]],
+    load_at_start: tuple[float, float, float],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -321,7 +329,8 @@ def to_json(
         },
         "machine": {
             "cpus": os.cpu_count(),
-            "loadavg_at_start": os.getloadavg(),
+            "loadavg_at_start": load_at_start,
+            "loadavg_at_end": os.getloadavg(),
             "python": sys.version,
             "platform": platform.platform(),
         },
@@ -385,9 +394,10 @@ async def main_async(args: argparse.Namespace) -> int:
         print(f"redis: {redis_url} ({versions['redis-server']})")
         if nats_url:
             print(f"nats:  {nats_url} ({versions['nats-server']}, {args.nats_storage} storage)")
+        load_at_start = os.getloadavg()
         print(
             f"{args.rounds} round(s), {args.size}-byte messages, {os.cpu_count()} cpus, "
-            f"load {os.getloadavg()[0]:.2f}; messages per round: "
+            f"load {load_at_start[0]:.2f}; messages per round: "
             + ", ".join(f"{name}={count:,}" for name, count in counts.items())
         )
 
@@ -400,7 +410,7 @@ async def main_async(args: argparse.Namespace) -> int:
     report(console, results, counts)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        data = to_json(args, env, counts, skipped, versions, results)
+        data = to_json(args, env, counts, skipped, versions, results, load_at_start)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         print(f"\nraw figures written to {args.json}")
     failed = any(series.error for by_impl in results.values() for series in by_impl.values())

@@ -12,6 +12,8 @@ REGISTRY: dict[str, str] = {
     "nats": "impls.nats_impl:Nats",
     "streamsub": "impls.streamsub_impl:Streamsub",
     "streamsub-1s": "impls.streamsub_impl:StreamsubBusyLeases",
+    "streamsub-def": "impls.streamsub_impl:StreamsubDef",
+    "streamsub-0.1": "impls.streamsub_prev:StreamsubPrevious",
 }
 BASELINE = "handwritten"
 

@@ -30,6 +30,7 @@ import dataclasses
 import multiprocessing
 import queue
 import struct
+import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
@@ -169,6 +170,38 @@ class Receiver:
         )
 
 
+class _LoopEvent(asyncio.Event):
+    """An ``asyncio.Event`` that may be set from any thread: off the event loop's
+    thread, ``set`` is handed to the loop with ``call_soon_threadsafe``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._owner = asyncio.get_running_loop()
+        self._owner_thread = threading.get_ident()
+
+    def set(self) -> None:
+        if threading.get_ident() == self._owner_thread:
+            super().set()
+        else:
+            self._owner.call_soon_threadsafe(super().set)
+
+
+class ThreadSafeReceiver(Receiver):
+    """A :class:`Receiver` for handlers that run in a thread pool: one lock around
+    the bookkeeping, and ``done`` set on the event loop. Create it on the loop."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self._lock = threading.Lock()
+        self.done = _LoopEvent()
+
+    def on_message(self, body: bytes) -> None:
+        with self._lock:
+            super().on_message(body)
+
+
 async def wait_until_all_acked(
     client: Redis, *, poll_interval: float = 0.0005, timeout: float = 30.0
 ) -> int:
@@ -205,6 +238,12 @@ class Implementation(ABC):
 
     def __init__(self, env: Env) -> None:
         self.env = env
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this implementation cannot run here (it is then skipped), or None.
+        Called once in the orchestrating process, before any round."""
+        return None
 
     async def reset(self) -> None:  # noqa: B027 - optional hook
         """Drop state a previous round left outside redis (redis itself is flushed)."""

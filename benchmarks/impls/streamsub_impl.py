@@ -7,6 +7,11 @@ with a handler that returns normally (streamsub acks it when it returns) and
 ``FlowControl(max_messages=1000)``. Acks happen after the handler, out of our
 sight, so the clock stops when the server shows no pending entry in any consumer
 group (see :func:`~impls.base.wait_until_all_acked`).
+
+``streamsub-1s`` is the same with a 1 s ack deadline, ``streamsub-def`` the same
+with a plain ``def`` handler (streamsub's thread pool), and ``streamsub-0.1``
+(``impls/streamsub_prev.py``) the same running the previous release. ``streamsub``
+is imported lazily (:meth:`Streamsub.lib`) so that the last can choose which one.
 """
 
 from __future__ import annotations
@@ -14,12 +19,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
-import streamsub
+from .base import (
+    ConsumeResult,
+    Implementation,
+    Receiver,
+    ThreadSafeReceiver,
+    padding,
+    stamp,
+    wait_until_all_acked,
+)
 
-from .base import ConsumeResult, Implementation, Receiver, padding, stamp, wait_until_all_acked
+if TYPE_CHECKING:
+    import streamsub
 
 TOPIC = "bench"
 SUBSCRIPTION = "bench-sub"
@@ -35,7 +51,17 @@ class Streamsub(Implementation):
     """The default: leases are extended every 10 s and idle entries swept every
     7.5 s, so during a round of a second neither runs more than at start."""
 
+    def lib(self) -> ModuleType:
+        """The ``streamsub`` package under test, imported on first use -- not when
+        this module is imported, which happens in every spawned child as it
+        unpickles the implementation, before ``streamsub-0.1`` can put the old
+        code first on ``sys.path`` (see ``impls/streamsub_prev.py``)."""
+        import streamsub
+
+        return streamsub
+
     async def setup(self) -> None:
+        streamsub = self.lib()
         async with streamsub.connect(self.env.redis_url) as client:
             await client.create_topic(TOPIC, partitions=PARTITIONS)
             await client.create_subscription(
@@ -43,6 +69,7 @@ class Streamsub(Implementation):
             )
 
     async def publish(self, n: int, size: int) -> float:
+        streamsub = self.lib()
         pad = padding(size)
         window = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
 
@@ -64,12 +91,18 @@ class Streamsub(Implementation):
             await asyncio.gather(*tasks)
             return time.perf_counter() - start
 
-    async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
+    def make_handler(self, n: int) -> tuple[Receiver, Callable[[Any], Any]]:
+        """The receiver and the handler that feeds it: ``async def``, as most users write."""
         receiver = Receiver(n)
 
         async def handler(message: streamsub.Message) -> None:
             receiver.on_message(message.data)
 
+        return receiver, handler
+
+    async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
+        streamsub = self.lib()
+        receiver, handler = self.make_handler(n)
         flow_control = streamsub.FlowControl(max_messages=MAX_OUTSTANDING)
         watcher = Redis.from_url(self.env.redis_url)
         try:
@@ -92,3 +125,22 @@ class StreamsubBusyLeases(Streamsub):
 
     name = "streamsub-1s"
     ack_deadline = 1.0
+
+
+class StreamsubDef(Streamsub):
+    """streamsub with a plain ``def`` handler, which streamsub runs in its thread
+    pool (default ``min(32, cpus + 4)`` threads). The handler holds a lock while
+    it records the message -- the counters are shared across the pool's threads,
+    as a real handler's state would be -- and the receiver wakes the event loop
+    thread-safely when the last one arrives. Its ratio to ``streamsub`` is what a
+    sync handler costs."""
+
+    name = "streamsub-def"
+
+    def make_handler(self, n: int) -> tuple[Receiver, Callable[[Any], Any]]:
+        receiver = ThreadSafeReceiver(n)
+
+        def handler(message: streamsub.Message) -> None:
+            receiver.on_message(message.data)
+
+        return receiver, handler
