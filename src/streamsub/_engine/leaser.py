@@ -73,7 +73,8 @@ class Leaser:
         for partition, entry_ids in ids.items():
             still = set(owned.get(partition, ()))
             for entry_id in entry_ids:
-                if entry_id not in still:
+                # Settled while the extension was on its way: not lost, just done.
+                if entry_id not in still and (partition, entry_id) in leases:
                     log.warning(
                         "streamsub: message %s-%s of %r was taken by another subscriber "
                         "while its handler ran (lease lost)",
