@@ -27,6 +27,7 @@ from ._client import (
     connect,
 )
 from ._core.partition import fnv1a_32
+from ._core.retention import PartitionTrim, Retention, RetentionResult
 from ._engine.receiver import ReceiverStatistics
 from ._errors import (
     AckError,
@@ -39,6 +40,7 @@ from ._errors import (
     InvalidTypeError,
     MessageTooLargeError,
     NotFoundError,
+    ResourceExhaustedError,
     StreamsubError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
@@ -67,7 +69,11 @@ __all__ = [
     "MessageTooLargeError",
     "NotFoundError",
     "OutgoingMessage",
+    "PartitionTrim",
     "ReceiverStatistics",
+    "ResourceExhaustedError",
+    "Retention",
+    "RetentionResult",
     "RetryPolicy",
     "StreamsubError",
     "Subscriber",

@@ -17,8 +17,10 @@ from typing import Literal, Self
 from ._backends.base import Backend, GroupInfo, SubscriptionRecord, TopicRecord
 from ._core.codec import Encoded, encode
 from ._core.names import check_name
+from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
 from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
+from ._engine.trimmer import Trimmer, enforce_retention
 from ._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -66,11 +68,13 @@ log = logging.getLogger("streamsub")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Topic:
-    """A topic: its name, partition count and creation time."""
+    """A topic: its name, partition count, creation time and retention policy."""
 
     name: str
     partitions: int
     created: datetime.datetime
+    retention: Retention | None = None
+    """None: every message is kept until the topic is deleted."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +114,7 @@ def _utc(seconds: float) -> datetime.datetime:
 
 
 def _topic(record: TopicRecord) -> Topic:
-    return Topic(record.name, record.partitions, _utc(record.created))
+    return Topic(record.name, record.partitions, _utc(record.created), record.retention)
 
 
 def _subscription(record: SubscriptionRecord) -> Subscription:
@@ -130,6 +134,13 @@ def _subscription(record: SubscriptionRecord) -> Subscription:
     )
 
 
+def _check_retention(retention: object) -> None:
+    if retention is not None and not isinstance(retention, Retention):
+        raise InvalidTypeError(
+            f"retention must be a streamsub.Retention or None, got {retention!r}"
+        )
+
+
 def _default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -140,18 +151,30 @@ def connect(
     batch_settings: BatchSettings | None = None,
     limits: Limits | None = None,
     backend: Backend | None = None,
+    trim_in_background: bool = True,
+    retention_interval: float = DEFAULT_RETENTION_INTERVAL,
 ) -> Client:
     """A client for the server at ``url`` (default: ``$STREAMSUB_URL``, else
     ``redis://localhost:6379/0``); use it as ``async with connect(...) as client``.
 
     URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS,
     ``unix:///path/to/redis.sock``. Pass ``backend`` to use another backend.
+    With ``trim_in_background`` (default True) the client enforces the
+    retention of the topics it publishes to and of the subscriptions it
+    subscribes to (their topics and dead-letter topics) every
+    ``retention_interval`` seconds (default 5), one client per topic at a time.
     """
     if backend is None:
         from ._backends.redis import RedisBackend
 
         backend = RedisBackend(url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL)
-    return Client(backend, batch_settings=batch_settings, limits=limits)
+    return Client(
+        backend,
+        batch_settings=batch_settings,
+        limits=limits,
+        trim_in_background=trim_in_background,
+        retention_interval=retention_interval,
+    )
 
 
 class Client:
@@ -163,8 +186,21 @@ class Client:
         *,
         batch_settings: BatchSettings | None = None,
         limits: Limits | None = None,
+        trim_in_background: bool = True,
+        retention_interval: float = DEFAULT_RETENTION_INTERVAL,
     ) -> None:
+        if (
+            isinstance(retention_interval, bool)
+            or not isinstance(retention_interval, int | float)
+            or not 0 < retention_interval <= 3600
+        ):
+            raise InvalidArgumentError(
+                f"retention_interval must be seconds > 0 and <= 3600, got {retention_interval!r}"
+            )
         self._backend = backend
+        self._trimmer = (
+            Trimmer(backend, interval=retention_interval) if trim_in_background else None
+        )
         self._batch_settings = batch_settings or BatchSettings()
         self._limits = limits or Limits()
         self._publishers: dict[str, TopicPublisher] = {}
@@ -179,7 +215,19 @@ class Client:
 
     async def __aenter__(self) -> Self:
         await self._backend.ping()
+        await self._check_server()
         return self
+
+    async def _check_server(self) -> None:
+        info = await self._backend.server_info()
+        if info.maxmemory_policy not in (None, "noeviction"):
+            log.warning(
+                "streamsub: Redis at %s has maxmemory-policy %s: when memory is full it "
+                "deletes whole keys, so topics vanish with their subscriptions; set it to "
+                "noeviction and bound memory with streamsub.Retention",
+                self.url,
+                info.maxmemory_policy,
+            )
 
     async def __aexit__(
         self,
@@ -194,6 +242,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._trimmer is not None:
+            await self._trimmer.aclose()
         for subscriber in list(self._subscribers):
             await subscriber.stop()
         for publisher in self._publishers.values():
@@ -205,11 +255,19 @@ class Client:
             raise ClosedError("the client is closed; create a new one with streamsub.connect()")
 
     # --- topics ----------------------------------------------------------------
-    async def create_topic(self, name: str, *, partitions: int = DEFAULT_PARTITIONS) -> Topic:
-        """Create a topic with ``partitions`` partitions (default 16).
+    async def create_topic(
+        self,
+        name: str,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        retention: Retention | None = None,
+    ) -> Topic:
+        """Create a topic with ``partitions`` partitions (default 16) and a
+        ``retention`` policy (default None: keep every message).
 
-        Creating an existing topic with the same partition count does nothing;
-        with another count it raises :class:`AlreadyExistsError`.
+        Creating an existing topic with the same settings does nothing; with
+        another partition count or retention it raises :class:`AlreadyExistsError`
+        (change retention with :meth:`update_topic_retention`).
         """
         self._check_open()
         check_name("topic", name)
@@ -219,12 +277,18 @@ class Client:
             raise InvalidArgumentError(
                 f"partitions must be 1 to {MAX_PARTITIONS}, got {partitions}"
             )
-        wanted = TopicRecord(name, partitions, "", time.time())
+        _check_retention(retention)
+        wanted = TopicRecord(name, partitions, "", time.time(), retention)
         stored = await self._backend.create_topic(wanted)
         if stored.partitions != partitions:
             raise AlreadyExistsError(
                 f"topic {name!r} exists with partitions={stored.partitions}, not {partitions}; "
                 "use the existing count or another name"
+            )
+        if stored.retention != retention:
+            raise AlreadyExistsError(
+                f"topic {name!r} exists with retention={stored.retention!r}, not {retention!r}; "
+                "change it with update_topic_retention()"
             )
         return _topic(stored)
 
@@ -445,6 +509,8 @@ class Client:
             else:
                 publisher = TopicPublisher(self._backend, record, self._batch_settings)
                 self._publishers[topic] = publisher
+                if self._trimmer is not None:
+                    self._trimmer.watch_topic(topic)
                 lookup.set_result(publisher)
             finally:
                 del self._lookups[topic]
@@ -561,6 +627,8 @@ class Client:
             raise InvalidTypeError(
                 f"flow_control must be a streamsub.FlowControl, got {flow_control!r}"
             )
+        if self._trimmer is not None:
+            self._trimmer.watch_subscription(subscription)
         return Subscriber(
             self,
             subscription,
@@ -571,6 +639,27 @@ class Client:
             max_lease_duration=max_lease_duration,
             shutdown_timeout=shutdown_timeout,
             consumer_expiry=consumer_expiry,
+        )
+
+    # --- operations: retention -------------------------------------------------
+    async def update_topic_retention(self, name: str, retention: Retention | None) -> Topic:
+        """Give topic ``name`` a new retention policy (None: keep everything);
+        trimmers apply it from their next pass."""
+        self._check_open()
+        _check_retention(retention)
+        record = await self._topic_record(name)
+        await self._backend.set_retention(record, retention)
+        return _topic(dataclasses.replace(record, retention=retention))
+
+    async def enforce_retention(self, topic: str) -> RetentionResult:
+        """Run one retention pass over ``topic`` now; return what it deleted per
+        partition. It may overlap a background pass: each partition's trim is
+        one atomic step, so nothing is deleted or counted twice."""
+        self._check_open()
+        record = await self._topic_record(topic)
+        info = await self._backend.server_info()
+        return await enforce_retention(
+            self._backend, record, now=time.time(), acked_trim=info.acked_trim
         )
 
 

@@ -13,12 +13,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple, Protocol
 
+from .._core.retention import Retention
+
 __all__ = [
     "Backend",
     "Entry",
     "GroupInfo",
     "ReclaimState",
     "Reclaimed",
+    "ServerInfo",
     "SubscriptionRecord",
     "TopicRecord",
 ]
@@ -32,6 +35,7 @@ class TopicRecord:
     partitions: int
     layout: str
     created: float
+    retention: Retention | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +80,20 @@ class GroupInfo:
     last_delivered_id: str
     lag: int | None
     consumers: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What the server is and how it is set up, as far as streamsub cares."""
+
+    version: tuple[int, int, int]
+    maxmemory_policy: str | None
+    """None when the server does not say."""
+
+    @property
+    def acked_trim(self) -> bool:
+        """The server trims only acknowledged entries itself (``XTRIM … ACKED``, 8.2+)."""
+        return self.version >= (8, 2, 0)
 
 
 class Backend(Protocol):
@@ -228,3 +246,44 @@ class Backend(Protocol):
         """Delete consumers other than ``consumer`` with no pending entries, idle
         for ``min_idle_ms``."""
         ...
+
+    # --- operations: retention --------------------------------------------------
+    # (Appended for the operator's tools; the data-path methods above are the
+    # receiver's.)
+    async def server_info(self) -> ServerInfo:
+        """The server's version and memory policy."""
+        ...
+
+    async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+        """Store ``retention`` as the topic's policy (None: keep everything)."""
+
+    async def trim(
+        self,
+        topic: TopicRecord,
+        partition: int,
+        *,
+        cutoff: str | None,
+        max_length: int | None,
+        drop_unacked: bool,
+        batch: int,
+        acked_trim: bool,
+    ) -> tuple[int, int, bool]:
+        """Delete up to ``batch`` of the partition's oldest entries that are below
+        ``cutoff`` (an id) or beyond ``max_length``, and, unless ``drop_unacked``,
+        below the partition's safe point, read in the same atomic step. Return
+        (deleted, of them unacknowledged, more remain). With ``drop_unacked`` the
+        unacknowledged ones are added to the partition's dropped counter and
+        leave the pending lists. ``acked_trim`` lets a server that has
+        ``XTRIM … ACKED`` decide what is acknowledged itself."""
+        ...
+
+    async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
+        """Per partition, how many unacknowledged entries retention has dropped."""
+        ...
+
+    async def try_lock(self, name: str, token: str, ttl: float) -> bool:
+        """Take the lock ``name`` for ``ttl`` seconds unless someone holds it."""
+        ...
+
+    async def unlock(self, name: str, token: str) -> None:
+        """Give back the lock ``name`` if ``token`` still holds it."""

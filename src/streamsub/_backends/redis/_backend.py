@@ -6,6 +6,7 @@ Redis errors become streamsub errors here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,8 +16,23 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-from ..._errors import BackendError, InvalidArgumentError, TopicNotFoundError, UnavailableError
-from ..base import Entry, GroupInfo, Reclaimed, ReclaimState, SubscriptionRecord, TopicRecord
+from ..._core.retention import Retention
+from ..._errors import (
+    BackendError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    TopicNotFoundError,
+    UnavailableError,
+)
+from ..base import (
+    Entry,
+    GroupInfo,
+    Reclaimed,
+    ReclaimState,
+    ServerInfo,
+    SubscriptionRecord,
+    TopicRecord,
+)
 from . import _keys
 from ._in_order import InOrderConnection
 
@@ -47,6 +63,10 @@ def redact(url: str) -> str:
     # Not urlunsplit: it drops the "//" of unix:///path, whose netloc is empty.
     tail = f"?{parts.query}" if parts.query else ""
     return f"{parts.scheme}://{parts.netloc}{parts.path}{tail}"
+
+
+def _retention_json(retention: Retention | None) -> str:
+    return "" if retention is None else json.dumps(retention.to_dict(), sort_keys=True)
 
 
 def _raw(response: Any, **_: Any) -> Any:
@@ -99,6 +119,8 @@ class RedisBackend:
         self._dead_letter = _Script(_script("dead_letter.lua"))
         self._ack_owned = _Script(_script("ack_owned.lua"))
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
+        self._trim = _Script(_script("trim.lua"))
+        self._unlock = _Script(_script("unlock.lua"))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -121,6 +143,13 @@ class RedisBackend:
                 "(`streamsub dev-server` starts one) and that STREAMSUB_URL or the URL is right"
             ) from exc
         except rexc.ResponseError as exc:
+            # Plain commands answer "OOM ...", scripts "... used memory > 'maxmemory'".
+            if str(exc).startswith("OOM") or "> 'maxmemory'" in str(exc):
+                raise ResourceExhaustedError(
+                    f"Redis at {self.url} is out of memory and refused a write ({exc}): raise "
+                    "its maxmemory, or give the topics a tighter streamsub.Retention so that "
+                    "acknowledged messages are trimmed; consumers behind keep entries alive"
+                ) from exc
             if str(exc).startswith("NOTOPIC"):  # from append.lua
                 raise TopicNotFoundError(
                     f"a topic was deleted while in use ({exc}): create it again with "
@@ -193,19 +222,22 @@ class RedisBackend:
             "partitions": str(record.partitions),
             "layout": record.layout,
             "created": repr(record.created),
+            "retention": _retention_json(record.retention),
         }
 
     @staticmethod
     def _topic(fields: Mapping[str, str]) -> TopicRecord:
+        retention = fields.get("retention")
         return TopicRecord(
             name=fields["name"],
             partitions=int(fields["partitions"]),
             layout=fields["layout"],
             created=float(fields["created"]),
+            retention=Retention.from_dict(json.loads(retention)) if retention else None,
         )
 
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
-        record = TopicRecord(record.name, record.partitions, _keys.LAYOUT, record.created)
+        record = dataclasses.replace(record, layout=_keys.LAYOUT)
         stored = await self.get_topic(record.name)
         if stored is not None:
             return stored
@@ -231,8 +263,9 @@ class RedisBackend:
         return [self._topic(f) for f in await self._list(_keys.TOPICS)]
 
     async def delete_topic(self, record: TopicRecord) -> None:
+        dropped = [_keys.dropped_key(record.name, p) for p in range(record.partitions)]
         with self._errors():
-            await self._redis.delete(*self._keys(record), _keys.topic_key(record.name))
+            await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
             await self._redis.srem(_keys.TOPICS, record.name)
 
     # --- subscriptions ---------------------------------------------------------
@@ -542,3 +575,62 @@ class RedisBackend:
         with self._errors():
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})
+
+    # --- operations: retention --------------------------------------------------
+    async def server_info(self) -> ServerInfo:
+        with self._errors():
+            info = await self._redis.info()
+        raw_version = str(info.get("redis_version", "0.0.0"))
+        parts = [int(p) if p.isdigit() else 0 for p in raw_version.split(".")[:3]]
+        major, minor, patch = ([*parts, 0, 0, 0])[:3]
+        policy = info.get("maxmemory_policy")
+        return ServerInfo((major, minor, patch), None if policy is None else str(policy))
+
+    async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+        with self._errors():
+            await self._redis.hset(
+                _keys.topic_key(topic.name), "retention", _retention_json(retention)
+            )
+
+    async def trim(
+        self,
+        topic: TopicRecord,
+        partition: int,
+        *,
+        cutoff: str | None,
+        max_length: int | None,
+        drop_unacked: bool,
+        batch: int,
+        acked_trim: bool,
+    ) -> tuple[int, int, bool]:
+        keys = [self._keys(topic)[partition], _keys.dropped_key(topic.name, partition)]
+        args = [
+            cutoff or "",
+            "" if max_length is None else max_length,
+            1 if drop_unacked else 0,
+            batch,
+            1 if acked_trim else 0,
+        ]
+        with self._errors():
+            deleted, dropped, more = await self._evalsha(self._trim, keys, args)
+        return int(deleted), int(dropped), bool(more)
+
+    async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
+        keys = [_keys.dropped_key(topic.name, p) for p in range(topic.partitions)]
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.get(key)
+                values = await pipe.execute()
+        return {p: int(v or 0) for p, v in enumerate(values)}
+
+    async def try_lock(self, name: str, token: str, ttl: float) -> bool:
+        with self._errors():
+            taken = await self._redis.set(
+                _keys.lock_key(name), token, nx=True, px=max(1, int(ttl * 1000))
+            )
+        return bool(taken)
+
+    async def unlock(self, name: str, token: str) -> None:
+        with self._errors():
+            await self._evalsha(self._unlock, [_keys.lock_key(name)], [token])

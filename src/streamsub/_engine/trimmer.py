@@ -1,0 +1,151 @@
+"""The retention trimmer: one pass over a topic, and the background loop.
+
+A pass trims each partition by the topic's :class:`~streamsub.Retention` in
+atomic server-side steps of at most ``TRIM_BATCH`` entries. The background
+loop runs in every client for the topics it publishes to and the topics (and
+dead-letter topics) of the subscriptions it subscribes to, every
+``retention_interval`` seconds; a lock in Redis per topic (expiring after
+``LOCK_TTL``) lets one client at a time do a topic's pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from .._backends.base import Backend, TopicRecord
+from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, age_cutoff
+from .._errors import StreamsubError
+
+__all__ = ["Trimmer", "enforce_retention"]
+
+log = logging.getLogger("streamsub")
+
+
+async def enforce_retention(
+    backend: Backend,
+    topic: TopicRecord,
+    *,
+    now: float,
+    acked_trim: bool = False,
+    batch: int = TRIM_BATCH,
+) -> RetentionResult:
+    """Trim every partition of ``topic`` by its retention as of ``now``."""
+    retention = topic.retention
+    counts: dict[int, tuple[int, int]] = dict.fromkeys(range(topic.partitions), (0, 0))
+    if retention is None or not retention.bounded:
+        return RetentionResult.of(topic.name, counts)
+    cutoff = None if retention.max_age is None else age_cutoff(now, retention.max_age)
+    for partition in range(topic.partitions):
+        deleted = dropped = 0
+        more = True
+        while more:
+            d, u, more = await backend.trim(
+                topic,
+                partition,
+                cutoff=cutoff,
+                max_length=retention.max_length,
+                drop_unacked=retention.drop_unacked,
+                batch=batch,
+                acked_trim=acked_trim,
+            )
+            deleted, dropped = deleted + d, dropped + u
+        counts[partition] = (deleted, dropped)
+    result = RetentionResult.of(topic.name, counts)
+    if result.dropped_unacked:
+        log.warning(
+            "streamsub: retention of topic %r dropped %d unacknowledged messages "
+            "(drop_unacked=True)",
+            topic.name,
+            result.dropped_unacked,
+        )
+    return result
+
+
+class Trimmer:
+    """Runs retention passes in the background for the topics it watches."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        interval: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._backend = backend
+        self._interval = interval
+        self._clock = clock
+        self._topics: set[str] = set()
+        self._subscriptions: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._token = uuid.uuid4().hex
+        self._acked_trim: bool | None = None
+        self.passes = 0
+        """Passes this trimmer finished (for tests and statistics)."""
+
+    def watch_topic(self, name: str) -> None:
+        """Keep ``name`` within its retention from now on."""
+        self._topics.add(name)
+        self._start()
+
+    def watch_subscription(self, name: str) -> None:
+        """Keep the subscription's topic and dead-letter topic within retention."""
+        self._subscriptions.add(name)
+        self._start()
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def aclose(self) -> None:
+        """Stop the loop (a pass in progress is cut between two atomic steps)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except StreamsubError as exc:
+                log.warning("streamsub: retention pass failed: %s; trying again later", exc)
+            self.passes += 1
+            await asyncio.sleep(self._interval)
+
+    async def _names(self) -> set[str]:
+        names = set(self._topics)
+        for name in list(self._subscriptions):
+            record = await self._backend.get_subscription(name)
+            if record is None:
+                continue
+            names.add(record.topic)
+            dead_letter = record.settings.get("dead_letter_topic")
+            if isinstance(dead_letter, str):
+                names.add(dead_letter)
+        return names
+
+    async def run_once(self) -> dict[str, RetentionResult]:
+        """One pass over every watched topic whose lock is free; return what it did."""
+        if self._acked_trim is None:
+            self._acked_trim = (await self._backend.server_info()).acked_trim
+        results: dict[str, RetentionResult] = {}
+        for name in sorted(await self._names()):
+            topic = await self._backend.get_topic(name)
+            if topic is None or topic.retention is None or not topic.retention.bounded:
+                continue
+            lock = f"retention:{name}"
+            if not await self._backend.try_lock(lock, self._token, LOCK_TTL):
+                continue
+            try:
+                results[name] = await enforce_retention(
+                    self._backend, topic, now=self._clock(), acked_trim=self._acked_trim
+                )
+            finally:
+                await self._backend.unlock(lock, self._token)
+        return results
