@@ -28,6 +28,7 @@ from ._client import (
 )
 from ._core.partition import fnv1a_32
 from ._core.retention import PartitionTrim, Retention, RetentionResult
+from ._core.seek import SeekResult, Snapshot
 from ._engine.receiver import ReceiverStatistics
 from ._errors import (
     AckError,
@@ -75,6 +76,8 @@ __all__ = [
     "Retention",
     "RetentionResult",
     "RetryPolicy",
+    "SeekResult",
+    "Snapshot",
     "StreamsubError",
     "Subscriber",
     "Subscription",

@@ -14,12 +14,14 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
-from ._backends.base import Backend, GroupInfo, SubscriptionRecord, TopicRecord
+from ._backends.base import Backend, GroupInfo, SnapshotRecord, SubscriptionRecord, TopicRecord
 from ._core.codec import Encoded, encode
 from ._core.names import check_name
 from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
+from ._core.seek import SeekResult, Snapshot, is_snapshot_name
 from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
+from ._engine.seek import seek, take_snapshot
 from ._engine.trimmer import Trimmer, enforce_retention
 from ._errors import (
     AlreadyExistsError,
@@ -27,6 +29,7 @@ from ._errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     InvalidTypeError,
+    NotFoundError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
 )
@@ -132,6 +135,10 @@ def _subscription(record: SubscriptionRecord) -> Subscription:
         enable_message_ordering=bool(s.get("enable_message_ordering")),
         enable_exactly_once_delivery=bool(s.get("enable_exactly_once_delivery")),
     )
+
+
+def _snapshot(record: SnapshotRecord) -> Snapshot:
+    return Snapshot(record.name, record.subscription, record.topic, _utc(record.created))
 
 
 def _check_retention(retention: object) -> None:
@@ -661,6 +668,72 @@ class Client:
         return await enforce_retention(
             self._backend, record, now=time.time(), acked_trim=info.acked_trim
         )
+
+    # --- operations: seek and snapshots ----------------------------------------
+    async def seek(self, subscription: str, *, to: datetime.datetime | str) -> SeekResult:
+        """Move ``subscription`` on every partition to ``to``: an aware ``datetime``,
+        ``"earliest"``, ``"latest"``, a message id (``"<partition>-<ms>-<seq>"``)
+        or a snapshot's name.
+
+        As in Pub/Sub, messages before the point count as acknowledged and those
+        at or after it as not acknowledged: every retained message published at
+        or after the time (or the message) is delivered again. A snapshot seek
+        goes back to the snapshot's position: the messages pending when it was
+        taken and every message published after it are delivered again, if
+        retention has not removed them; the others count as acknowledged.
+        """
+        self._check_open()
+        record = await self._subscription_record(subscription)
+        topic = await self._topic_record(record.topic)
+        snapshot = None
+        if isinstance(to, str) and is_snapshot_name(to):
+            snapshot = await self._snapshot_record(to)
+            if snapshot.topic != record.topic:
+                raise FailedPreconditionError(
+                    f"snapshot {to!r} is of topic {snapshot.topic!r}; subscription "
+                    f"{subscription!r} reads {record.topic!r}: seek only to a snapshot of its topic"
+                )
+        return await seek(self._backend, topic, subscription, to, snapshot)
+
+    async def _snapshot_record(self, name: str) -> SnapshotRecord:
+        check_name("snapshot", name)
+        snapshot = await self._backend.get_snapshot(name)
+        if snapshot is None:
+            raise NotFoundError(
+                f"snapshot {name!r} does not exist: create it with create_snapshot({name!r}, "
+                "subscription) or `streamsub snapshot create`"
+            )
+        return snapshot
+
+    async def create_snapshot(self, name: str, subscription: str) -> Snapshot:
+        """Record ``subscription``'s acknowledgement state as snapshot ``name``: its
+        position and pending messages on every partition (at most 100,000 pending
+        per partition). A snapshot does not hold back retention."""
+        self._check_open()
+        check_name("snapshot", name)
+        if not is_snapshot_name(name):
+            raise InvalidArgumentError(f"{name!r} is a seek target, not a snapshot name")
+        record = await self._subscription_record(subscription)
+        topic = await self._topic_record(record.topic)
+        snapshot = await take_snapshot(self._backend, name, topic, subscription, time.time())
+        return _snapshot(snapshot)
+
+    async def get_snapshot(self, name: str) -> Snapshot:
+        """The snapshot ``name``; raises :class:`NotFoundError` if there is none."""
+        self._check_open()
+        return _snapshot(await self._snapshot_record(name))
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        """Every snapshot, sorted by name."""
+        self._check_open()
+        return [_snapshot(r) for r in await self._backend.list_snapshots()]
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Delete snapshot ``name``; raises :class:`NotFoundError` if there is none."""
+        self._check_open()
+        check_name("snapshot", name)
+        if not await self._backend.delete_snapshot(name):
+            raise NotFoundError(f"snapshot {name!r} does not exist")
 
 
 class Subscriber:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple, Protocol
 
 from .._core.retention import Retention
+from .._core.seek import PartitionPosition, PartitionSeek
 
 __all__ = [
     "Backend",
@@ -22,6 +23,7 @@ __all__ = [
     "ReclaimState",
     "Reclaimed",
     "ServerInfo",
+    "SnapshotRecord",
     "SubscriptionRecord",
     "TopicRecord",
 ]
@@ -94,6 +96,17 @@ class ServerInfo:
     def acked_trim(self) -> bool:
         """The server trims only acknowledged entries itself (``XTRIM … ACKED``, 8.2+)."""
         return self.version >= (8, 2, 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """A snapshot as stored: a subscription's position and pending ids per partition."""
+
+    name: str
+    subscription: str
+    topic: str
+    created: float
+    positions: Mapping[int, PartitionPosition]
 
 
 class Backend(Protocol):
@@ -287,3 +300,36 @@ class Backend(Protocol):
 
     async def unlock(self, name: str, token: str) -> None:
         """Give back the lock ``name`` if ``token`` still holds it."""
+
+    # --- operations: seek and snapshots ----------------------------------------
+    async def seek_partition(
+        self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
+    ) -> tuple[int, int]:
+        """Apply one partition's seek in one atomic step: move the group, acknowledge
+        pending entries at or below the new position but for ``plan.redeliver``,
+        which are made pending again to ``consumer`` and reclaimable at once.
+        Return (acknowledged, made pending again)."""
+        ...
+
+    async def group_positions(
+        self, topic: TopicRecord, group: str, max_pending: int
+    ) -> dict[int, PartitionPosition]:
+        """Per partition, the group's last-delivered id and up to ``max_pending`` + 1
+        pending ids."""
+        ...
+
+    async def create_snapshot(self, record: SnapshotRecord) -> bool:
+        """Store ``record`` unless a snapshot of that name exists; return whether stored."""
+        ...
+
+    async def get_snapshot(self, name: str) -> SnapshotRecord | None:
+        """The stored snapshot, or None."""
+        ...
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        """Every snapshot, sorted by name."""
+        ...
+
+    async def delete_snapshot(self, name: str) -> bool:
+        """Delete a snapshot; return whether there was one."""
+        ...

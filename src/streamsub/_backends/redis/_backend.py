@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from ..._core.retention import Retention
+from ..._core.seek import PartitionPosition, PartitionSeek, positions_from_json, positions_json
 from ..._errors import (
     BackendError,
     InvalidArgumentError,
@@ -30,6 +31,7 @@ from ..base import (
     Reclaimed,
     ReclaimState,
     ServerInfo,
+    SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
 )
@@ -121,6 +123,7 @@ class RedisBackend:
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
         self._trim = _Script(_script("trim.lua"))
         self._unlock = _Script(_script("unlock.lua"))
+        self._seek = _Script(_script("seek.lua"))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -203,7 +206,11 @@ class RedisBackend:
     async def _list(self, registry: str) -> list[dict[str, str]]:
         with self._errors():
             names = sorted(n.decode() for n in await self._redis.smembers(registry))
-            prefix = _keys.topic_key if registry == _keys.TOPICS else _keys.subscription_key
+            prefix = {
+                _keys.TOPICS: _keys.topic_key,
+                _keys.SUBSCRIPTIONS: _keys.subscription_key,
+                _keys.SNAPSHOTS: _keys.snapshot_key,
+            }[registry]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for name in names:
                     pipe.hgetall(prefix(name))
@@ -634,3 +641,76 @@ class RedisBackend:
     async def unlock(self, name: str, token: str) -> None:
         with self._errors():
             await self._evalsha(self._unlock, [_keys.lock_key(name)], [token])
+
+    # --- operations: seek and snapshots ----------------------------------------
+    _RESTORED_IDLE_MS = 86_400_000
+    """Entries a snapshot seek makes pending again look idle for a day, longer
+    than any ack deadline, so the next reclaimer sweep delivers them."""
+
+    async def seek_partition(
+        self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
+    ) -> tuple[int, int]:
+        keys = self._companions(topic, partition, group)
+        args = [group, plan.position, consumer, self._RESTORED_IDLE_MS, *plan.redeliver]
+        with self._errors():
+            acked, restored = await self._evalsha(self._seek, keys, args)
+        return int(acked), int(restored)
+
+    async def group_positions(
+        self, topic: TopicRecord, group: str, max_pending: int
+    ) -> dict[int, PartitionPosition]:
+        infos = {i.partition: i for i in await self.group_info(topic, group)}
+        keys = self._keys(topic)
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for partition in infos:
+                    pipe.xpending_range(keys[partition], group, "-", "+", max_pending + 1)
+                replies = await pipe.execute()
+        return {
+            partition: PartitionPosition(
+                infos[partition].last_delivered_id,
+                tuple(
+                    p["message_id"].decode()
+                    if isinstance(p["message_id"], bytes)
+                    else p["message_id"]
+                    for p in reply
+                ),
+            )
+            for partition, reply in zip(infos, replies, strict=True)
+        }
+
+    async def create_snapshot(self, record: SnapshotRecord) -> bool:
+        fields = {
+            "name": record.name,
+            "subscription": record.subscription,
+            "topic": record.topic,
+            "created": repr(record.created),
+            "positions": json.dumps(positions_json(record.positions)),
+        }
+        existing = await self._create(
+            _keys.snapshot_key(record.name), _keys.SNAPSHOTS, record.name, fields
+        )
+        return existing is None
+
+    @staticmethod
+    def _snapshot(fields: Mapping[str, str]) -> SnapshotRecord:
+        return SnapshotRecord(
+            name=fields["name"],
+            subscription=fields["subscription"],
+            topic=fields["topic"],
+            created=float(fields["created"]),
+            positions=positions_from_json(json.loads(fields["positions"])),
+        )
+
+    async def get_snapshot(self, name: str) -> SnapshotRecord | None:
+        fields = await self._get(_keys.snapshot_key(name))
+        return None if fields is None else self._snapshot(fields)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return [self._snapshot(f) for f in await self._list(_keys.SNAPSHOTS)]
+
+    async def delete_snapshot(self, name: str) -> bool:
+        with self._errors():
+            deleted = await self._redis.delete(_keys.snapshot_key(name))
+            await self._redis.srem(_keys.SNAPSHOTS, name)
+        return bool(deleted)
