@@ -29,6 +29,7 @@ from ._client import (
 from ._core.partition import fnv1a_32
 from ._core.retention import PartitionTrim, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot
+from ._engine.deadletters import DeadLetter
 from ._engine.receiver import ReceiverStatistics
 from ._errors import (
     AckError,
@@ -61,6 +62,7 @@ __all__ = [
     "Client",
     "ClosedError",
     "DEFAULT_URL",
+    "DeadLetter",
     "FailedPreconditionError",
     "FlowControl",
     "InvalidArgumentError",

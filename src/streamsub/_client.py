@@ -19,6 +19,8 @@ from ._core.codec import Encoded, encode
 from ._core.names import check_name
 from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot, is_snapshot_name
+from ._engine import deadletters
+from ._engine.deadletters import DeadLetter
 from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
@@ -734,6 +736,77 @@ class Client:
         check_name("snapshot", name)
         if not await self._backend.delete_snapshot(name):
             raise NotFoundError(f"snapshot {name!r} does not exist")
+
+    # --- operations: dead letters ------------------------------------------------
+    async def _dead_letter_topic(self, subscription: str) -> TopicRecord:
+        record = await self._subscription_record(subscription)
+        name = record.settings.get("dead_letter_topic")
+        if not isinstance(name, str):
+            raise FailedPreconditionError(
+                f"subscription {subscription!r} has no dead-letter topic: nothing is "
+                "dead-lettered from it"
+            )
+        return await self._topic_record(name)
+
+    async def list_dead_letters(self, subscription: str, *, limit: int = 100) -> list[DeadLetter]:
+        """The oldest ``limit`` (default 100, at most 10,000) messages dead-lettered
+        from ``subscription``, with their metadata, without delivering them."""
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidArgumentError(f"limit must be an int from 1 to 10000, got {limit!r}")
+        topic = await self._dead_letter_topic(subscription)
+        return await deadletters.find_dead_letters(
+            self._backend, topic, subscription, limit=limit
+        )
+
+    async def get_dead_letter(self, subscription: str, message_id: str) -> DeadLetter:
+        """One dead letter of ``subscription`` by its id in the dead-letter topic."""
+        self._check_open()
+        topic = await self._dead_letter_topic(subscription)
+        found = await deadletters.find_dead_letters(
+            self._backend, topic, subscription, limit=1, message_ids=[message_id]
+        )
+        if not found:
+            raise NotFoundError(
+                f"no dead letter {message_id!r} of subscription {subscription!r} in topic "
+                f"{topic.name!r}"
+            )
+        return found[0]
+
+    async def replay_dead_letters(
+        self,
+        subscription: str,
+        *,
+        to: str | None = None,
+        message_ids: Iterable[str] | None = None,
+    ) -> int:
+        """Publish ``subscription``'s dead letters (all, or ``message_ids``) again to
+        their source topic, or to topic ``to``, then delete them from the
+        dead-letter topic; return how many. Published to the source topic, they
+        reach every subscription of it, as a new publish does."""
+        self._check_open()
+        topic = await self._dead_letter_topic(subscription)
+        if to is not None:
+            await self._topic_record(to)
+        ids = None if message_ids is None else list(message_ids)
+        letters = await deadletters.find_dead_letters(
+            self._backend, topic, subscription, limit=None, message_ids=ids
+        )
+        return await deadletters.replay(
+            self._backend, topic, letters, self.publish_many, to
+        )
+
+    async def purge_dead_letters(
+        self, subscription: str, *, message_ids: Iterable[str] | None = None
+    ) -> int:
+        """Delete ``subscription``'s dead letters (all, or ``message_ids``); return how many."""
+        self._check_open()
+        topic = await self._dead_letter_topic(subscription)
+        ids = None if message_ids is None else list(message_ids)
+        letters = await deadletters.find_dead_letters(
+            self._backend, topic, subscription, limit=None, message_ids=ids
+        )
+        return await deadletters.delete(self._backend, topic, letters)
 
 
 class Subscriber:

@@ -333,3 +333,16 @@ class Backend(Protocol):
     async def delete_snapshot(self, name: str) -> bool:
         """Delete a snapshot; return whether there was one."""
         ...
+
+    # --- operations: reading and deleting entries (dead-letter tools) ----------
+    async def read_range(
+        self, topic: TopicRecord, partition: int, after: str, count: int
+    ) -> list[tuple[str, Sequence[bytes]]]:
+        """Up to ``count`` entries of a partition after id ``after`` (``"0-0"``: from the
+        start), oldest first, as (entry id, flat fields), without delivering them."""
+        ...
+
+    async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
+        """Delete entries, acknowledging them in every group of their partition first;
+        return how many existed."""
+        ...

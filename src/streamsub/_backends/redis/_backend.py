@@ -124,6 +124,7 @@ class RedisBackend:
         self._trim = _Script(_script("trim.lua"))
         self._unlock = _Script(_script("unlock.lua"))
         self._seek = _Script(_script("seek.lua"))
+        self._delete_entries = _Script(_script("delete_entries.lua"))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -714,3 +715,25 @@ class RedisBackend:
             deleted = await self._redis.delete(_keys.snapshot_key(name))
             await self._redis.srem(_keys.SNAPSHOTS, name)
         return bool(deleted)
+
+    # --- operations: reading and deleting entries (dead-letter tools) ----------
+    async def read_range(
+        self, topic: TopicRecord, partition: int, after: str, count: int
+    ) -> list[tuple[str, Sequence[bytes]]]:
+        key = self._keys(topic)[partition]
+        with self._errors():
+            reply = await self._redis.xrange(key, f"({after}", "+", count=count)
+        # redis-py gives each entry's fields as a dict; the codec reads flat lists.
+        return [
+            (entry_id.decode(), [item for pair in fields.items() for item in pair])
+            for entry_id, fields in reply
+        ]
+
+    async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
+        keys = self._keys(topic)
+        calls = [(p, [keys[p]], list(entry_ids)) for p, entry_ids in ids.items() if entry_ids]
+        if not calls:
+            return 0
+        with self._errors():
+            replies = await self._evalsha_many(self._delete_entries, calls)
+        return sum(int(n) for n in replies)

@@ -1,0 +1,170 @@
+"""Dead-letter tools: list, replay and purge what a subscription dead-lettered.
+
+A subscription's dead letters are the entries of its dead-letter topic whose
+``streamsub.source_subscription`` attribute names it (several subscriptions
+may share one dead-letter topic). Listing reads entries without delivering
+them; replay publishes copies (original data, ordering key and attributes) to
+the source topic or another, then deletes the dead letters; purge deletes
+them. Deleting acknowledges them in every subscription of the dead-letter
+topic first, so none is left holding an id that is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+
+from .._backends.base import Backend, TopicRecord
+from .._core import deadletter as meta
+from .._core.codec import UndecodableEntry, decode
+from .._core.deadletter import undecodable_data
+from .._core.seek import split_message_id
+from .._core.streamid import parse_id
+from .._message import OutgoingMessage
+
+__all__ = [
+    "MAX_DEAD_LETTER_SCAN",
+    "DeadLetter",
+    "delete",
+    "find_dead_letters",
+    "original_message",
+    "replay",
+]
+
+MAX_DEAD_LETTER_SCAN = 1_000_000
+"""Entries of a dead-letter topic one call reads at most, per partition."""
+_PAGE = 1000
+"""Entries read per round trip."""
+_PREFIX = "streamsub."
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead-lettered message: what it held, and where and why it failed."""
+
+    message_id: str
+    """Its id in the dead-letter topic."""
+    data: bytes
+    ordering_key: str | None
+    attributes: Mapping[str, str]
+    """The original attributes (the ``streamsub.*`` metadata is in the fields below)."""
+    source_topic: str | None
+    source_subscription: str | None
+    source_message_id: str | None
+    delivery_attempts: int | None
+    reason: str | None
+    first_delivery: datetime.datetime | None
+    last_delivery: datetime.datetime | None
+
+
+def _ms(value: str | None) -> datetime.datetime | None:
+    if value is None or not value.isdigit():
+        return None
+    return datetime.datetime.fromtimestamp(int(value) / 1000, tz=datetime.UTC)
+
+
+def _dead_letter(message_id: str, fields: Sequence[bytes]) -> DeadLetter:
+    try:
+        decoded = decode(fields)
+    except UndecodableEntry as exc:
+        return DeadLetter(
+            message_id, undecodable_data(fields), None, {}, None, None, None, None,
+            f"{meta.UNDECODABLE}: {exc.reason}", None, None,
+        )  # fmt: skip
+    attributes = decoded.attributes
+    attempts = attributes.get(meta.ATTEMPTS)
+    return DeadLetter(
+        message_id=message_id,
+        data=decoded.data,
+        ordering_key=decoded.ordering_key,
+        attributes={k: v for k, v in attributes.items() if not k.startswith(_PREFIX)},
+        source_topic=attributes.get(meta.SOURCE_TOPIC),
+        source_subscription=attributes.get(meta.SOURCE_SUBSCRIPTION),
+        source_message_id=attributes.get(meta.SOURCE_MESSAGE_ID),
+        delivery_attempts=int(attempts) if attempts and attempts.isdigit() else None,
+        reason=attributes.get(meta.REASON),
+        first_delivery=_ms(attributes.get(meta.FIRST_DELIVERY_MS)),
+        last_delivery=_ms(attributes.get(meta.LAST_DELIVERY_MS)),
+    )
+
+
+def _order(letter: DeadLetter) -> tuple[tuple[int, int], int]:
+    partition, entry_id = split_message_id(letter.message_id)
+    return parse_id(entry_id), partition
+
+
+async def find_dead_letters(
+    backend: Backend,
+    dead_letter_topic: TopicRecord,
+    subscription: str,
+    *,
+    limit: int | None,
+    message_ids: Collection[str] | None = None,
+) -> list[DeadLetter]:
+    """The subscription's dead letters, oldest first: at most ``limit`` (None: all),
+    only ``message_ids`` when given."""
+    wanted = None if message_ids is None else set(message_ids)
+    found: list[DeadLetter] = []
+    for partition in range(dead_letter_topic.partitions):
+        if wanted is not None and not any(i.startswith(f"{partition}-") for i in wanted):
+            continue
+        after, read = "0-0", 0
+        matches = 0
+        while read < MAX_DEAD_LETTER_SCAN and (limit is None or matches < limit):
+            page = await backend.read_range(dead_letter_topic, partition, after, _PAGE)
+            for entry_id, fields in page:
+                letter = _dead_letter(f"{partition}-{entry_id}", fields)
+                if letter.source_subscription != subscription:
+                    continue
+                if wanted is not None and letter.message_id not in wanted:
+                    continue
+                found.append(letter)
+                matches += 1
+            read += len(page)
+            if len(page) < _PAGE:
+                break
+            after = page[-1][0]
+    found.sort(key=_order)
+    return found if limit is None else found[:limit]
+
+
+def original_message(letter: DeadLetter) -> OutgoingMessage:
+    """The message as it was first published."""
+    return OutgoingMessage(
+        data=letter.data, ordering_key=letter.ordering_key, attributes=dict(letter.attributes)
+    )
+
+
+async def replay(
+    backend: Backend,
+    dead_letter_topic: TopicRecord,
+    letters: Sequence[DeadLetter],
+    publish: Callable[[str, list[OutgoingMessage]], Awaitable[list[str]]],
+    to: str | None,
+) -> int:
+    """Publish each letter's original message to ``to`` (None: its source topic),
+    then delete the letters; return how many were replayed. A crash between the
+    two leaves a copy in both places: duplicated, never lost."""
+    by_topic: dict[str, list[DeadLetter]] = {}
+    for letter in letters:
+        target = to or letter.source_topic
+        if target is not None:
+            by_topic.setdefault(target, []).append(letter)
+    replayed = 0
+    for target, batch in by_topic.items():
+        await publish(target, [original_message(letter) for letter in batch])
+        await delete(backend, dead_letter_topic, batch)
+        replayed += len(batch)
+    return replayed
+
+
+async def delete(
+    backend: Backend, dead_letter_topic: TopicRecord, letters: Sequence[DeadLetter]
+) -> int:
+    """Delete ``letters`` from the dead-letter topic; return how many were there."""
+    ids: dict[int, list[str]] = {}
+    for letter in letters:
+        partition, entry_id = split_message_id(letter.message_id)
+        ids.setdefault(partition, []).append(entry_id)
+    return await backend.delete_entries(dead_letter_topic, ids)
