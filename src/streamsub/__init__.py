@@ -29,6 +29,7 @@ from ._client import (
 from ._core.partition import fnv1a_32
 from ._core.retention import PartitionTrim, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot
+from ._core.stats import PartitionReport, Stats, SubscriptionReport, TopicReport
 from ._engine.deadletters import DeadLetter
 from ._engine.receiver import ReceiverStatistics
 from ._errors import (
@@ -72,6 +73,7 @@ __all__ = [
     "MessageTooLargeError",
     "NotFoundError",
     "OutgoingMessage",
+    "PartitionReport",
     "PartitionTrim",
     "ReceiverStatistics",
     "ResourceExhaustedError",
@@ -80,13 +82,16 @@ __all__ = [
     "RetryPolicy",
     "SeekResult",
     "Snapshot",
+    "Stats",
     "StreamsubError",
     "Subscriber",
     "Subscription",
     "SubscriptionNotFoundError",
+    "SubscriptionReport",
     "SubscriptionStats",
     "Topic",
     "TopicNotFoundError",
+    "TopicReport",
     "UnavailableError",
     "__version__",
     "connect",

@@ -19,11 +19,13 @@ from ._core.codec import Encoded, encode
 from ._core.names import check_name
 from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot, is_snapshot_name
+from ._core.stats import Stats
 from ._engine import deadletters
 from ._engine.deadletters import DeadLetter
 from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
+from ._engine.stats import collect_stats
 from ._engine.trimmer import Trimmer, enforce_retention
 from ._errors import (
     AlreadyExistsError,
@@ -807,6 +809,24 @@ class Client:
             self._backend, topic, subscription, limit=None, message_ids=ids
         )
         return await deadletters.delete(self._backend, topic, letters)
+
+    # --- operations: statistics --------------------------------------------------
+    async def stats(self, topic: str | None = None) -> Stats:
+        """Reports on every topic and subscription (or on ``topic`` and its
+        subscriptions): per topic its length, memory, publish rate and retention
+        losses; per subscription its backlog and pending per partition, oldest
+        unacknowledged age, pending per consumer, delivery-attempt distribution
+        (a sample) and dead-letter depth."""
+        self._check_open()
+        if topic is None:
+            topics = await self._backend.list_topics()
+            subscriptions = await self._backend.list_subscriptions()
+        else:
+            topics = [await self._topic_record(topic)]
+            subscriptions = await self._backend.list_subscriptions(topic)
+        names = {t.name for t in topics}
+        subscriptions = [s for s in subscriptions if s.topic in names]
+        return await collect_stats(self._backend, topics, subscriptions, now=time.time())
 
 
 class Subscriber:

@@ -15,6 +15,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from .._core.retention import Retention
 from .._core.seek import PartitionPosition, PartitionSeek
+from .._core.stats import PartitionCounts
 
 __all__ = [
     "Backend",
@@ -345,4 +346,20 @@ class Backend(Protocol):
     async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
         """Delete entries, acknowledging them in every group of their partition first;
         return how many existed."""
+        ...
+
+    # --- operations: statistics --------------------------------------------------
+    async def partition_counts(
+        self,
+        topic: TopicRecord,
+        *,
+        window_start: str,
+        window_cap: int,
+        sample: int,
+        backlog_cap: int,
+    ) -> list[PartitionCounts]:
+        """Every partition's length, memory, entries since ``window_start`` (at most
+        ``window_cap``) and, per group, its pending and backlog counts, first
+        unacknowledged ids, pending per consumer and the delivery counts of up to
+        ``sample`` oldest pending entries."""
         ...

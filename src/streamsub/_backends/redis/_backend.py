@@ -18,6 +18,7 @@ import redis.exceptions as rexc
 
 from ..._core.retention import Retention
 from ..._core.seek import PartitionPosition, PartitionSeek, positions_from_json, positions_json
+from ..._core.stats import GroupCounts, PartitionCounts
 from ..._errors import (
     BackendError,
     InvalidArgumentError,
@@ -125,6 +126,7 @@ class RedisBackend:
         self._unlock = _Script(_script("unlock.lua"))
         self._seek = _Script(_script("seek.lua"))
         self._delete_entries = _Script(_script("delete_entries.lua"))
+        self._stats = _Script(_script("stats.lua"))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -737,3 +739,63 @@ class RedisBackend:
         with self._errors():
             replies = await self._evalsha_many(self._delete_entries, calls)
         return sum(int(n) for n in replies)
+
+    # --- operations: statistics --------------------------------------------------
+    async def partition_counts(
+        self,
+        topic: TopicRecord,
+        *,
+        window_start: str,
+        window_cap: int,
+        sample: int,
+        backlog_cap: int,
+    ) -> list[PartitionCounts]:
+        keys = self._keys(topic)
+        args = [window_start, window_cap, sample, backlog_cap]
+        calls = [(p, [key], args) for p, key in enumerate(keys)]
+        with self._errors():
+            replies = await self._evalsha_many(self._stats, calls)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.memory_usage(key)
+                memory = await pipe.execute(raise_on_error=False)
+
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        counts = []
+        for partition, (length, recent, groups) in enumerate(replies):
+            used = memory[partition]
+            counts.append(
+                PartitionCounts(
+                    partition=partition,
+                    length=int(length),
+                    memory=int(used) if isinstance(used, int) else None,
+                    recent=int(recent),
+                    groups=[
+                        GroupCounts(
+                            name=text(name),
+                            pending=int(pending),
+                            last_delivered_id=text(last),
+                            backlog=int(backlog),
+                            first_pending_id=text(first_pending) or None,
+                            first_undelivered_id=text(first_undelivered) or None,
+                            consumers={
+                                text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)
+                            },
+                            attempts=[int(a) for a in attempts],
+                        )
+                        for (
+                            name,
+                            pending,
+                            last,
+                            backlog,
+                            first_pending,
+                            first_undelivered,
+                            flat,
+                            attempts,
+                        ) in groups
+                    ],
+                )
+            )
+        return counts
