@@ -673,6 +673,14 @@ class Client:
             self._backend, record, now=time.time(), acked_trim=info.acked_trim
         )
 
+    async def run_retention(self, *, interval: float = DEFAULT_RETENTION_INTERVAL) -> None:
+        """Enforce the retention of every topic every ``interval`` seconds (default 5)
+        until cancelled, one trimmer per topic across processes (a lock in Redis):
+        what ``streamsub retention run`` does, for deployments that want trimming
+        in a process of its own."""
+        self._check_open()
+        await Trimmer(self._backend, interval=interval, all_topics=True).run_forever()
+
     # --- operations: seek and snapshots ----------------------------------------
     async def seek(self, subscription: str, *, to: datetime.datetime | str) -> SeekResult:
         """Move ``subscription`` on every partition to ``to``: an aware ``datetime``,

@@ -75,8 +75,10 @@ class Trimmer:
         *,
         interval: float,
         clock: Callable[[], float] = time.time,
+        all_topics: bool = False,
     ) -> None:
         self._backend = backend
+        self._all_topics = all_topics
         self._interval = interval
         self._clock = clock
         self._topics: set[str] = set()
@@ -101,6 +103,10 @@ class Trimmer:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def run_forever(self) -> None:
+        """Run passes every interval until cancelled (what ``_start`` runs in a task)."""
+        await self._run()
+
     async def aclose(self) -> None:
         """Stop the loop (a pass in progress is cut between two atomic steps)."""
         task, self._task = self._task, None
@@ -120,6 +126,8 @@ class Trimmer:
 
     async def _names(self) -> set[str]:
         names = set(self._topics)
+        if self._all_topics:
+            names.update(t.name for t in await self._backend.list_topics())
         for name in list(self._subscriptions):
             record = await self._backend.get_subscription(name)
             if record is None:
