@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
+from . import metrics, tracing
 from ._backends.base import Backend, GroupInfo, SnapshotRecord, SubscriptionRecord, TopicRecord
 from ._core.codec import Encoded, encode
 from ._core.names import check_name
@@ -542,13 +543,18 @@ class Client:
         raises a :class:`BackendError`, the message may or may not be stored.
         """
         self._check_open()
-        encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
-        publisher = await self._publisher(topic)
-        try:
-            (message_id,) = await publisher.publish([encoded])
-        except TopicNotFoundError:
-            self._forget_publisher(publisher)
-            raise
+        with tracing.publish_span(topic, 1):
+            attributes = tracing.inject(attributes)
+            encoded = encode(
+                data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes
+            )
+            publisher = await self._publisher(topic)
+            try:
+                (message_id,) = await publisher.publish([encoded])
+            except TopicNotFoundError:
+                self._forget_publisher(publisher)
+                raise
+        metrics.on_published(topic)
         return message_id
 
     async def publish_many(
@@ -557,19 +563,30 @@ class Client:
         """Publish many messages (``OutgoingMessage`` or plain bytes); return their ids
         in order. Every message is checked before any is written."""
         self._check_open()
+        messages = list(messages)
+        with tracing.publish_span(topic, len(messages)):
+            ids = await self._publish_many(topic, messages)
+        metrics.on_published(topic, len(ids))
+        return ids
+
+    async def _publish_many(
+        self, topic: str, messages: list[OutgoingMessage | bytes]
+    ) -> list[str]:
         max_bytes = self._limits.max_message_bytes
+        # The trace context of the publish span, the same for every message.
+        context = tracing.inject({}) if tracing.ENABLED else None
         encoded: list[Encoded] = []
         for index, message in enumerate(messages):
             try:
                 if isinstance(message, OutgoingMessage):
+                    attributes = message.attributes
+                    if context and tracing.can_carry(attributes):
+                        attributes = {**(attributes or {}), **context}
                     encoded.append(
-                        encode(
-                            message.data,
-                            message.ordering_key,
-                            message.attributes,
-                            max_bytes=max_bytes,
-                        )
+                        encode(message.data, message.ordering_key, attributes, max_bytes=max_bytes)
                     )
+                elif context:
+                    encoded.append(encode(message, None, context, max_bytes=max_bytes))
                 else:
                     encoded.append(encode(message, max_bytes=max_bytes))
             except InvalidArgumentError as exc:

@@ -124,6 +124,15 @@ Url = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (needs streamsub[metrics]).",
+    ),
+]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 MaxAge = Annotated[
     float | None,
@@ -140,6 +149,20 @@ DropUnacked = Annotated[
         help="Retention is a hard cap: drop unacknowledged messages too (counted).",
     ),
 ]
+
+
+def _serve_metrics(port: int | None) -> None:
+    if port is None:
+        return
+    from . import metrics
+
+    try:
+        metrics.serve(port)
+    except StreamsubError as exc:
+        fail(str(exc), exit_code(exc))
+    except OSError as exc:
+        fail(f"cannot serve metrics on port {port}: {exc}", EXIT_BAD_INPUT)
+    err.print(f"metrics at http://127.0.0.1:{port}/metrics")
 
 
 # --- errors --------------------------------------------------------------------
@@ -442,9 +465,11 @@ def retention_run(
         float, typer.Option("--interval", min=0.01, help="Seconds between passes (--forever).")
     ] = 5.0,
     as_json: Json = False,
+    metrics_port: MetricsPort = None,
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
     """Run one retention pass over topics now, or keep trimming with --forever."""
+    _serve_metrics(metrics_port)
 
     async def main() -> list[RetentionResult]:
         async with streamsub.connect(url, trim_in_background=False) as client:
@@ -1188,9 +1213,11 @@ def pull(
         float, typer.Option("--timeout", min=0, help="Stop after this many seconds.")
     ] = 5.0,
     as_json: Json = False,
+    metrics_port: MetricsPort = None,
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
     """Receive up to N messages, print them and acknowledge them."""
+    _serve_metrics(metrics_port)
     received: list[Message] = []
     enough = asyncio.Event()
 

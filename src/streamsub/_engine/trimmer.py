@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from .. import metrics
 from .._backends.base import Backend, TopicRecord
 from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, age_cutoff
 from .._errors import StreamsubError
@@ -57,6 +58,7 @@ async def enforce_retention(
         counts[partition] = (deleted, dropped)
     result = RetentionResult.of(topic.name, counts)
     if result.dropped_unacked:
+        metrics.on_dropped_unacked(topic.name, result.dropped_unacked)
         log.warning(
             "streamsub: retention of topic %r dropped %d unacknowledged messages "
             "(drop_unacked=True)",
