@@ -141,8 +141,8 @@ async def test_seek_earliest_and_latest(
         redis_client.xreadgroup("billing", "gone", {_stream("orders", p): ">"})
     result = await client.seek("billing", to="latest")
     assert result.acknowledged == len(first)
-    stats = await client.subscription_stats("billing")
-    assert (stats.pending, stats.lag) == (0, 0)
+    (report,) = (await client.stats("orders")).subscriptions
+    assert (report.pending, report.backlog) == (0, 0)
     later = await _publish(client, 10, "later")
     assert await _receive(client, len(later)) == set(later)
 
