@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +20,9 @@ from streamsub.testing import RedisServer
 from tests._wait import until
 
 from .test_stats import make_known_traffic
+
+STREAMSUB = [sys.executable, "-c", "from streamsub.cli import main; main()"]
+"""The console script's entry point, run as a real process."""
 
 
 @pytest.fixture
@@ -153,3 +159,35 @@ def test_dead_letter_commands(cli: Any, server: RedisServer) -> None:
     replayed = cli("dead-letters", "replay", "billing", "--yes")
     assert "replayed 8 " in replayed.stdout
     assert json.loads(cli("dead-letters", "list", "billing", "--json").stdout) == []
+
+
+def test_stats_watch_prints_fresh_figures_until_stopped(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`streamsub stats --watch --json` prints one report per interval, each read anew,
+    until it is stopped."""
+    redis_client.flushall()
+
+    async def setup(client: streamsub.Client) -> None:
+        await client.create_topic("orders", partitions=2)
+
+    _with_client(server, setup)
+    process = subprocess.Popen(
+        [*STREAMSUB, "stats", "orders", "--watch", "0.2", "--json", "--url", server.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first = json.loads(process.stdout.readline())
+        assert first["topics"][0]["length"] == 0
+        _with_client(server, lambda c: c.publish_many("orders", [b"x"] * 25))
+        lengths = []
+        while not lengths or lengths[-1] != 25:
+            lengths.append(json.loads(process.stdout.readline())["topics"][0]["length"])
+        assert lengths[-1] == 25
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=10)
+    assert process.returncode == 130

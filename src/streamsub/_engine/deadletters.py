@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from .._backends.base import Backend, TopicRecord
@@ -34,6 +35,8 @@ __all__ = [
 
 MAX_DEAD_LETTER_SCAN = 1_000_000
 """Entries of a dead-letter topic one call reads at most, per partition."""
+log = logging.getLogger("streamsub")
+
 _PAGE = 1000
 """Entries read per round trip."""
 _PREFIX = "streamsub."
@@ -156,6 +159,12 @@ async def replay(
         await publish(target, [original_message(letter) for letter in batch])
         await delete(backend, dead_letter_topic, batch)
         replayed += len(batch)
+        log.info(
+            "streamsub: replayed %d dead letters from %r to %r",
+            len(batch),
+            dead_letter_topic.name,
+            target,
+        )
     return replayed
 
 
@@ -167,4 +176,7 @@ async def delete(
     for letter in letters:
         partition, entry_id = split_message_id(letter.message_id)
         ids.setdefault(partition, []).append(entry_id)
-    return await backend.delete_entries(dead_letter_topic, ids)
+    deleted = await backend.delete_entries(dead_letter_topic, ids)
+    if deleted:
+        log.info("streamsub: deleted %d dead letters from %r", deleted, dead_letter_topic.name)
+    return deleted

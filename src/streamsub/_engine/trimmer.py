@@ -57,6 +57,8 @@ async def enforce_retention(
             deleted, dropped = deleted + d, dropped + u
         counts[partition] = (deleted, dropped)
     result = RetentionResult.of(topic.name, counts)
+    if result.trimmed:
+        log.debug("streamsub: retention trimmed %d messages of %r", result.trimmed, topic.name)
     if result.dropped_unacked:
         metrics.on_dropped_unacked(topic.name, result.dropped_unacked)
         log.warning(
@@ -103,7 +105,11 @@ class Trimmer:
 
     def _start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside a loop: the next call starts it
+                return
+            self._task = loop.create_task(self._run())
 
     async def run_forever(self) -> None:
         """Run passes every interval until cancelled (what ``_start`` runs in a task)."""
