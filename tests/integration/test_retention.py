@@ -12,7 +12,7 @@ import redis
 import streamsub
 from streamsub._backends.redis import RedisBackend
 from streamsub._core.streamid import id_ms
-from streamsub._engine.trimmer import enforce_retention
+from streamsub._engine.trimmer import Trimmer, enforce_retention
 from streamsub.testing import RedisServer, redis_server
 from tests._wait import until
 
@@ -310,3 +310,31 @@ async def test_retention_of_a_dead_letter_topic_is_enforced_for_its_subscribers(
                 "the dead-letter topic trimmed to 5 per partition",
             )
         assert 0 < sum(int(redis_client.xlen(key)) for key in dead) <= 10
+
+
+async def test_trimmer_pass_uses_its_clock_and_watches_subscriptions(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """A trimmer pass ages entries by its injected clock, covers the topics of the
+    subscriptions it watches, and releases the topic's lock afterwards."""
+    await client.create_topic(
+        "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=60)
+    )
+    await client.create_subscription("reader", topic="events", start="earliest")
+    await _fill(client, "events", 100)
+    for p, ids in _read(redis_client, "events", "reader", 10_000).items():
+        redis_client.xack(_stream("events", p), "reader", *ids)
+    now = time.time()
+    backend = RedisBackend(server.url)
+    try:
+        clock = [now]
+        trimmer = Trimmer(backend, interval=60, clock=lambda: clock[0])
+        trimmer._subscriptions.add("reader")  # what watch_subscription records
+        assert (await trimmer.run_once())["events"].trimmed == 0  # nothing is old yet
+        clock[0] = now + 61
+        results = await trimmer.run_once()
+    finally:
+        await backend.close()
+    assert results["events"].trimmed == 100 * PARTITIONS
+    assert _lengths(redis_client, "events") == [0] * PARTITIONS
+    assert redis_client.exists("ss:lock:retention:events") == 0
