@@ -278,8 +278,10 @@ class Client:
         ``retention`` policy (default None: keep every message).
 
         Creating an existing topic with the same settings does nothing; with
-        another partition count or retention it raises :class:`AlreadyExistsError`
-        (change retention with :meth:`update_topic_retention`).
+        another partition count, or another retention given explicitly, it raises
+        :class:`AlreadyExistsError`. Without ``retention`` an existing topic keeps
+        the policy it has (operators may have changed it with
+        :meth:`update_topic_retention`, which also removes one).
         """
         self._check_open()
         check_name("topic", name)
@@ -297,7 +299,7 @@ class Client:
                 f"topic {name!r} exists with partitions={stored.partitions}, not {partitions}; "
                 "use the existing count or another name"
             )
-        if stored.retention != retention:
+        if retention is not None and stored.retention != retention:
             raise AlreadyExistsError(
                 f"topic {name!r} exists with retention={stored.retention!r}, not {retention!r}; "
                 "change it with update_topic_retention()"

@@ -233,7 +233,8 @@ async def test_background_trimmer_waits_for_the_topic_lock(
 
 
 async def test_update_topic_retention_is_stored(client: streamsub.Client) -> None:
-    """A topic's retention is stored with it, changeable later, and conflicts on re-create."""
+    """A topic's retention is stored with it, changeable later, and conflicts only with
+    another policy given explicitly on re-create."""
     created = await client.create_topic("orders", partitions=2)
     assert created.retention is None
     policy = streamsub.Retention(max_age=60, max_length=500, drop_unacked=True)
@@ -241,8 +242,10 @@ async def test_update_topic_retention_is_stored(client: streamsub.Client) -> Non
     assert updated.retention == policy
     assert (await client.get_topic("orders")).retention == policy
     with pytest.raises(streamsub.AlreadyExistsError, match="retention"):
-        await client.create_topic("orders", partitions=2)
+        await client.create_topic("orders", partitions=2, retention=streamsub.Retention(max_age=5))
     assert (await client.create_topic("orders", partitions=2, retention=policy)) == updated
+    # Without a policy, creating keeps the one an operator set.
+    assert (await client.create_topic("orders", partitions=2)) == updated
     await client.update_topic_retention("orders", None)
     assert (await client.get_topic("orders")).retention is None
 
@@ -338,3 +341,27 @@ async def test_trimmer_pass_uses_its_clock_and_watches_subscriptions(
     assert results["events"].trimmed == 100 * PARTITIONS
     assert _lengths(redis_client, "events") == [0] * PARTITIONS
     assert redis_client.exists("ss:lock:retention:events") == 0
+
+
+async def test_a_user_without_info_still_connects_and_trims(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A Redis user denied INFO can connect and enforce retention (memory policy and
+    version unknown: the safe-point path is used)."""
+    redis_client.flushall()
+    redis_client.acl_setuser(
+        "no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+        commands=["+@all", "-info"],
+    )  # fmt: skip
+    try:
+        url = f"redis://no-info:secret@127.0.0.1:{server.port}/0"
+        async with streamsub.connect(url, trim_in_background=False) as client:
+            await client.create_topic(
+                "orders", partitions=2, retention=streamsub.Retention(max_length=5)
+            )
+            await client.publish_many("orders", [b"x"] * 30)
+            result = await client.enforce_retention("orders")
+        assert result.trimmed == 25  # one publish_many batch: one partition of 30
+        assert all(int(redis_client.xlen(_stream("orders", p))) <= 5 for p in range(2))
+    finally:
+        redis_client.acl_deluser("no-info")

@@ -588,8 +588,13 @@ class RedisBackend:
 
     # --- operations: retention --------------------------------------------------
     async def server_info(self) -> ServerInfo:
-        with self._errors():
-            info = await self._redis.info()
+        try:
+            with self._errors():
+                info = await self._redis.info()
+        except UnavailableError:
+            raise
+        except BackendError:  # INFO refused (an ACL): nothing is known, nothing assumed
+            return ServerInfo((0, 0, 0), None)
         raw_version = str(info.get("redis_version", "0.0.0"))
         parts = [int(p) if p.isdigit() else 0 for p in raw_version.split(".")[:3]]
         major, minor, patch = ([*parts, 0, 0, 0])[:3]
