@@ -21,6 +21,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ __all__ = [
     "handling_span",
     "inject",
     "publish_span",
+    "refresh",
     "traced",
 ]
 
@@ -55,21 +57,48 @@ _SYSTEM = "streamsub"
 H = TypeVar("H", bound=Callable[..., Any])
 
 
-def _tracer() -> Any:
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
+RECHECK = 1.0
+"""Seconds streamsub keeps its answer to "is an SDK set up?": a tracer provider
+set later is used from at most this long after (``refresh()`` at once)."""
+_cached: tuple[float, Any] | None = None
+"""(when checked, the tracer or None)."""
+
+
+def refresh() -> None:
+    """Look for the tracer provider again on the next publish or handling."""
+    global _cached
+    _cached = None
+
+
+def _tracer() -> Any | None:
+    """streamsub's tracer, or None while no SDK is set up (then spans would be
+    no-ops, and skipping them keeps a plain publish as fast as without tracing)."""
+    global _cached
+    if not ENABLED:
+        return None
+    now = time.monotonic()
+    if _cached is not None and now - _cached[0] < RECHECK:
+        return _cached[1]
     from opentelemetry import trace
 
-    return trace.get_tracer("streamsub")
+    provider = trace.get_tracer_provider()
+    tracer = None
+    if not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        tracer = provider.get_tracer("streamsub")
+    _cached = (now, tracer)
+    return tracer
 
 
-@contextlib.contextmanager
-def publish_span(topic: str, count: int) -> Iterator[None]:
-    """Run a publish of ``count`` messages to ``topic`` in a PRODUCER span."""
-    if not ENABLED:
-        yield
-        return
+def publish_span(topic: str, count: int) -> contextlib.AbstractContextManager[Any]:
+    """A PRODUCER span for a publish of ``count`` messages to ``topic`` (a no-op
+    without an OpenTelemetry SDK)."""
+    tracer = _tracer()
+    if tracer is None:
+        return _NO_SPAN
     from opentelemetry.trace import SpanKind
 
-    with _tracer().start_as_current_span(
+    return tracer.start_as_current_span(  # type: ignore[no-any-return]
         f"{topic} publish",
         kind=SpanKind.PRODUCER,
         attributes={
@@ -78,8 +107,7 @@ def publish_span(topic: str, count: int) -> Iterator[None]:
             "messaging.destination.name": topic,
             "messaging.batch.message_count": count,
         },
-    ):
-        yield
+    )
 
 
 def can_carry(attributes: Mapping[str, str] | None) -> bool:
@@ -91,7 +119,7 @@ def can_carry(attributes: Mapping[str, str] | None) -> bool:
 def inject(attributes: Mapping[str, str] | None) -> Mapping[str, str] | None:
     """``attributes`` plus the current span's ``traceparent`` (when there is a
     recording span and no ``traceparent`` yet); unchanged otherwise."""
-    if not ENABLED or not can_carry(attributes):
+    if _tracer() is None or not can_carry(attributes):
         return attributes
     from opentelemetry import propagate, trace
 
@@ -108,14 +136,15 @@ def inject(attributes: Mapping[str, str] | None) -> Mapping[str, str] | None:
 def handling_span(message: Any, subscription: str) -> Iterator[Any]:
     """Run the handling of ``message`` in a CONSUMER span, the child of the span
     that published it (when its attributes carry a ``traceparent``)."""
-    if not ENABLED:
+    tracer = _tracer()
+    if tracer is None:
         yield None
         return
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind
 
     parent = propagate.extract(dict(message.attributes))
-    with _tracer().start_as_current_span(
+    with tracer.start_as_current_span(
         f"{subscription} process",
         context=parent,
         kind=SpanKind.CONSUMER,

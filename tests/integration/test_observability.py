@@ -41,6 +41,7 @@ def spans() -> InMemorySpanExporter:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    tracing.refresh()
     return exporter
 
 
