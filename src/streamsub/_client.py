@@ -27,7 +27,7 @@ from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
 from ._engine.stats import collect_stats
-from ._engine.trimmer import Trimmer, enforce_retention
+from ._engine.trimmer import Trimmer, enforce_retention, live_snapshots
 from ._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -143,7 +143,9 @@ def _subscription(record: SubscriptionRecord) -> Subscription:
 
 
 def _snapshot(record: SnapshotRecord) -> Snapshot:
-    return Snapshot(record.name, record.subscription, record.topic, _utc(record.created))
+    return Snapshot(
+        record.name, record.subscription, record.topic, _utc(record.created), _utc(record.expires)
+    )
 
 
 def _check_retention(retention: object) -> None:
@@ -688,8 +690,13 @@ class Client:
         self._check_open()
         record = await self._topic_record(topic)
         info = await self._backend.server_info()
+        now = time.time()
         return await enforce_retention(
-            self._backend, record, now=time.time(), acked_trim=info.acked_trim
+            self._backend,
+            record,
+            now=now,
+            acked_trim=info.acked_trim,
+            snapshots=await live_snapshots(self._backend, now),
         )
 
     async def run_retention(self, *, interval: float = DEFAULT_RETENTION_INTERVAL) -> None:
@@ -729,6 +736,9 @@ class Client:
     async def _snapshot_record(self, name: str) -> SnapshotRecord:
         check_name("snapshot", name)
         snapshot = await self._backend.get_snapshot(name)
+        if snapshot is not None and snapshot.expires <= time.time():
+            await self._backend.delete_snapshot(name)
+            snapshot = None
         if snapshot is None:
             raise NotFoundError(
                 f"snapshot {name!r} does not exist: create it with create_snapshot({name!r}, "
@@ -739,7 +749,9 @@ class Client:
     async def create_snapshot(self, name: str, subscription: str) -> Snapshot:
         """Record ``subscription``'s acknowledgement state as snapshot ``name``: its
         position and pending messages on every partition (at most 100,000 pending
-        per partition). A snapshot does not hold back retention."""
+        per partition). For seven days, when it expires, it holds back its topic's
+        retention (but not a ``drop_unacked`` hard cap), so that a seek to it
+        finds every message it needs."""
         self._check_open()
         check_name("snapshot", name)
         if not is_snapshot_name(name):
@@ -757,7 +769,7 @@ class Client:
     async def list_snapshots(self) -> list[Snapshot]:
         """Every snapshot, sorted by name."""
         self._check_open()
-        return [_snapshot(r) for r in await self._backend.list_snapshots()]
+        return [_snapshot(r) for r in await live_snapshots(self._backend, time.time())]
 
     async def delete_snapshot(self, name: str) -> None:
         """Delete snapshot ``name``; raises :class:`NotFoundError` if there is none."""

@@ -10,6 +10,8 @@ import pytest
 import redis
 
 import streamsub
+from streamsub._backends.redis import RedisBackend
+from streamsub._engine.seek import take_snapshot
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -229,3 +231,42 @@ async def test_seek_refuses_bad_targets(client: streamsub.Client) -> None:
         await client.seek("billing", to="12-abc")
     with pytest.raises(streamsub.InvalidArgumentError, match="partition 9"):
         await client.seek("billing", to="9-1-0")
+
+
+async def test_a_live_snapshot_holds_back_retention_and_an_expired_one_does_not(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """Retention keeps what a live snapshot would redeliver, so the seek finds it all;
+    an expired snapshot holds nothing back, is deleted, and cannot be sought to."""
+    await _setup(client)
+    acked = await _publish(client, 20, "acked")
+    assert await _receive(client, len(acked)) == set(acked)
+    pending_then = await _publish(client, 10, "pending")
+    for p in range(PARTITIONS):
+        redis_client.xreadgroup("billing", "gone", {_stream("orders", p): ">"})
+    await client.create_snapshot("keep", "billing")
+    later = await _publish(client, 10, "later")
+    assert await _receive(client, len(pending_then) + len(later)) == set(pending_then) | set(later)
+    await client.update_topic_retention("orders", streamsub.Retention(max_length=5))
+
+    result = await client.enforce_retention("orders")
+
+    # Only the 20 acknowledged before the snapshot went, on every partition.
+    assert [t.trimmed for t in result.partitions] == [20] * PARTITIONS
+    await client.seek("billing", to="keep")
+    assert await _receive(client, len(pending_then) + len(later)) == set(pending_then) | set(later)
+
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.get_topic("orders")
+        assert topic is not None
+        await take_snapshot(backend, "old", topic, "billing", now=time.time() - 8 * 86_400)
+    finally:
+        await backend.close()
+    await client.delete_snapshot("keep")
+    assert [s.name for s in await client.list_snapshots()] == []
+    assert redis_client.exists("ss:snapshot:old") == 0
+    with pytest.raises(streamsub.NotFoundError):
+        await client.seek("billing", to="old")
+    result = await client.enforce_retention("orders")
+    assert [t.trimmed for t in result.partitions] == [15] * PARTITIONS

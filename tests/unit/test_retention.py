@@ -120,3 +120,14 @@ def test_result_sums_partitions() -> None:
     result = RetentionResult.of("t", {1: (5, 2), 0: (3, 0)})
     assert result.partitions == (PartitionTrim(0, 3, 0), PartitionTrim(1, 5, 2))
     assert (result.trimmed, result.dropped_unacked) == (8, 2)
+
+
+def test_floor_is_what_recorded_positions_still_need() -> None:
+    """A snapshot floor is the lowest pending id recorded, or the id after the last
+    delivered one when nothing was pending; no snapshot, no floor."""
+    from streamsub._core.retention import floor_of
+
+    assert floor_of([]) is None
+    assert floor_of([("50-0", ())]) == "50-1"
+    assert floor_of([("50-0", ("30-0", "12-4")), ("60-0", ())]) == "12-4"
+    assert floor_of([("50-0", ()), ("20-9", ())]) == "20-10"

@@ -108,6 +108,7 @@ class SnapshotRecord:
     topic: str
     created: float
     positions: Mapping[int, PartitionPosition]
+    expires: float
 
 
 class Backend(Protocol):
@@ -281,10 +282,12 @@ class Backend(Protocol):
         drop_unacked: bool,
         batch: int,
         acked_trim: bool,
+        floor: str | None = None,
     ) -> tuple[int, int, bool]:
         """Delete up to ``batch`` of the partition's oldest entries that are below
         ``cutoff`` (an id) or beyond ``max_length``, and, unless ``drop_unacked``,
-        below the partition's safe point, read in the same atomic step. Return
+        below the partition's safe point, read in the same atomic step, and below
+        ``floor`` (what snapshots still need; None: nothing). Return
         (deleted, of them unacknowledged, more remain). With ``drop_unacked`` the
         unacknowledged ones are added to the partition's dropped counter and
         leave the pending lists. ``acked_trim`` lets a server that has

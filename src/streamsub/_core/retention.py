@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from .._errors import InvalidArgumentError, InvalidTypeError
 from .streamid import id_at, min_id, successor
@@ -32,6 +32,7 @@ __all__ = [
     "Retention",
     "RetentionResult",
     "age_cutoff",
+    "floor_of",
     "safe_point",
 ]
 
@@ -132,6 +133,15 @@ class GroupPosition:
         if self.first_pending_id is not None:
             return self.first_pending_id
         return successor(self.last_delivered_id)
+
+
+def floor_of(positions: Iterable[tuple[str, Sequence[str]]]) -> str | None:
+    """The lowest id that recorded positions (last delivered id, pending ids), as
+    snapshots keep them, still need; None when there are none."""
+    return safe_point(
+        GroupPosition(last, min_id(list(pending)) if pending else None)
+        for last, pending in positions
+    )
 
 
 def safe_point(groups: Iterable[GroupPosition]) -> str | None:

@@ -34,6 +34,7 @@ from .streamid import id_at, parse_id, predecessor
 __all__ = [
     "END",
     "MAX_SNAPSHOT_PENDING",
+    "SNAPSHOT_LIFETIME",
     "PartitionPosition",
     "PartitionSeek",
     "SeekResult",
@@ -47,6 +48,9 @@ __all__ = [
 
 END = "$"
 """The position after the last entry of a stream."""
+SNAPSHOT_LIFETIME = 7 * 86_400.0
+"""Seconds a snapshot lives (Pub/Sub's limit): until then it holds back
+retention on its topic, so a seek to it finds what it recorded."""
 MAX_SNAPSHOT_PENDING = 100_000
 """Pending ids a snapshot records per partition at most; a subscription with
 more pending on one partition cannot be snapshotted (ack or seek first)."""
@@ -90,6 +94,8 @@ class Snapshot:
     subscription: str
     topic: str
     created: datetime.datetime
+    expires: datetime.datetime
+    """Seven days after ``created``; until then it keeps its messages from retention."""
 
 
 def is_snapshot_name(to: str) -> bool:

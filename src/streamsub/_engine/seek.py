@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from .._backends.base import Backend, SnapshotRecord, TopicRecord
-from .._core.seek import MAX_SNAPSHOT_PENDING, SeekResult, plan_seek
+from .._core.seek import MAX_SNAPSHOT_PENDING, SNAPSHOT_LIFETIME, SeekResult, plan_seek
 from .._errors import AlreadyExistsError, FailedPreconditionError
 
 __all__ = ["SEEK_CONSUMER", "seek", "take_snapshot"]
@@ -58,7 +58,7 @@ async def take_snapshot(
                 f"messages on partition {partition}: a snapshot records at most that many; "
                 "let subscribers catch up first"
             )
-    record = SnapshotRecord(name, subscription, topic.name, now, positions)
+    record = SnapshotRecord(name, subscription, topic.name, now, positions, now + SNAPSHOT_LIFETIME)
     if not await backend.create_snapshot(record):
         raise AlreadyExistsError(f"snapshot {name!r} exists: delete it first or use another name")
     return record

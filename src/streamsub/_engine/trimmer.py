@@ -15,14 +15,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .. import metrics
-from .._backends.base import Backend, TopicRecord
-from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, age_cutoff
+from .._backends.base import Backend, SnapshotRecord, TopicRecord
+from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, age_cutoff, floor_of
 from .._errors import StreamsubError
 
-__all__ = ["Trimmer", "enforce_retention"]
+__all__ = ["Trimmer", "enforce_retention", "live_snapshots"]
 
 log = logging.getLogger("streamsub")
 
@@ -34,14 +34,22 @@ async def enforce_retention(
     now: float,
     acked_trim: bool = False,
     batch: int = TRIM_BATCH,
+    snapshots: Sequence[SnapshotRecord] = (),
 ) -> RetentionResult:
-    """Trim every partition of ``topic`` by its retention as of ``now``."""
+    """Trim every partition of ``topic`` by its retention as of ``now``, keeping
+    what the live ``snapshots`` of the topic recorded."""
     retention = topic.retention
     counts: dict[int, tuple[int, int]] = dict.fromkeys(range(topic.partitions), (0, 0))
     if retention is None or not retention.bounded:
         return RetentionResult.of(topic.name, counts)
     cutoff = None if retention.max_age is None else age_cutoff(now, retention.max_age)
+    live = [s for s in snapshots if s.topic == topic.name and s.expires > now]
     for partition in range(topic.partitions):
+        floor = floor_of(
+            (s.positions[partition].last_delivered_id, s.positions[partition].pending)
+            for s in live
+            if partition in s.positions
+        )
         deleted = dropped = 0
         more = True
         while more:
@@ -53,6 +61,7 @@ async def enforce_retention(
                 drop_unacked=retention.drop_unacked,
                 batch=batch,
                 acked_trim=acked_trim,
+                floor=floor,
             )
             deleted, dropped = deleted + d, dropped + u
         counts[partition] = (deleted, dropped)
@@ -68,6 +77,18 @@ async def enforce_retention(
             result.dropped_unacked,
         )
     return result
+
+
+async def live_snapshots(backend: Backend, now: float) -> list[SnapshotRecord]:
+    """The snapshots that have not expired; expired ones are deleted on the way."""
+    live = []
+    for snapshot in await backend.list_snapshots():
+        if snapshot.expires > now:
+            live.append(snapshot)
+        else:
+            await backend.delete_snapshot(snapshot.name)
+            log.info("streamsub: snapshot %r expired and was deleted", snapshot.name)
+    return live
 
 
 class Trimmer:
@@ -151,6 +172,7 @@ class Trimmer:
         if self._acked_trim is None:
             self._acked_trim = (await self._backend.server_info()).acked_trim
         results: dict[str, RetentionResult] = {}
+        snapshots = await live_snapshots(self._backend, self._clock())
         for name in sorted(await self._names()):
             topic = await self._backend.get_topic(name)
             if topic is None or topic.retention is None or not topic.retention.bounded:
@@ -160,7 +182,11 @@ class Trimmer:
                 continue
             try:
                 results[name] = await enforce_retention(
-                    self._backend, topic, now=self._clock(), acked_trim=self._acked_trim
+                    self._backend,
+                    topic,
+                    now=self._clock(),
+                    acked_trim=self._acked_trim,
+                    snapshots=snapshots,
                 )
             finally:
                 await self._backend.unlock(lock, self._token)

@@ -617,6 +617,7 @@ class RedisBackend:
         drop_unacked: bool,
         batch: int,
         acked_trim: bool,
+        floor: str | None = None,
     ) -> tuple[int, int, bool]:
         keys = [self._keys(topic)[partition], _keys.dropped_key(topic.name, partition)]
         args = [
@@ -625,6 +626,7 @@ class RedisBackend:
             1 if drop_unacked else 0,
             batch,
             1 if acked_trim else 0,
+            floor or "",
         ]
         with self._errors():
             deleted, dropped, more = await self._evalsha(self._trim, keys, args)
@@ -693,6 +695,7 @@ class RedisBackend:
             "subscription": record.subscription,
             "topic": record.topic,
             "created": repr(record.created),
+            "expires": repr(record.expires),
             "positions": json.dumps(positions_json(record.positions)),
         }
         existing = await self._create(
@@ -708,6 +711,7 @@ class RedisBackend:
             topic=fields["topic"],
             created=float(fields["created"]),
             positions=positions_from_json(json.loads(fields["positions"])),
+            expires=float(fields["expires"]),
         )
 
     async def get_snapshot(self, name: str) -> SnapshotRecord | None:

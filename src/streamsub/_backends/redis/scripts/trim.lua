@@ -7,6 +7,8 @@
 -- ARGV[4]: the most entries to delete in this step.
 -- ARGV[5]: "1" = the server has XTRIM ... ACKED (Redis 8.2+): use it for the
 --          safe case instead of reading the groups.
+-- ARGV[6]: the floor ("" = none): nothing at or above it goes unless
+--          dropping unacknowledged entries (what live snapshots still need).
 -- Returns {deleted, of them unacknowledged, 1 when more remain to delete}.
 --
 -- The safe point is read here, in the step that trims: the lowest over all
@@ -15,6 +17,7 @@
 local key, counter = KEYS[1], KEYS[2]
 local cutoff, max_length = ARGV[1], tonumber(ARGV[2])
 local drop, batch, acked = ARGV[3] == '1', tonumber(ARGV[4]), ARGV[5] == '1'
+local floor = ARGV[6]
 if redis.call('EXISTS', key) == 0 then return {0, 0, 0} end
 
 local function parse(id)
@@ -37,7 +40,7 @@ local function fields(flat)
   return t
 end
 
-if acked and not drop then
+if acked and not drop and floor == '' then
   local n = 0
   if cutoff ~= '' then n = n + redis.call('XTRIM', key, 'MINID', '=', cutoff, 'ACKED') end
   if max_length then n = n + redis.call('XTRIM', key, 'MAXLEN', '=', max_length, 'ACKED') end
@@ -61,6 +64,7 @@ if not drop then
     end
     if upper == nil or less(needs, upper) then upper = needs end
   end
+  if floor ~= '' and (upper == nil or less(floor, upper)) then upper = floor end
 end
 
 -- The victims: the oldest entries that are beyond the policy (too old, or
