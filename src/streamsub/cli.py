@@ -568,6 +568,7 @@ def _snapshot_json(snapshot: Snapshot) -> dict[str, object]:
         "subscription": snapshot.subscription,
         "topic": snapshot.topic,
         "created": snapshot.created,
+        "expires": snapshot.expires,
     }
 
 
@@ -583,9 +584,9 @@ def snapshot_list(url: Url = streamsub.DEFAULT_URL, as_json: Json = False) -> No
     if as_json:
         _print_json([_snapshot_json(s) for s in snapshots])
         return
-    table = Table("snapshot", "subscription", "topic", "created")
+    table = Table("snapshot", "subscription", "topic", "created", "expires")
     for s in snapshots:
-        table.add_row(s.name, s.subscription, s.topic, _when(s.created))
+        table.add_row(s.name, s.subscription, s.topic, _when(s.created), _when(s.expires))
     out.print(table)
 
 
