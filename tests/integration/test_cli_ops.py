@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner, Result
 
 import streamsub
@@ -191,3 +194,65 @@ def test_stats_watch_prints_fresh_figures_until_stopped(
         process.send_signal(signal.SIGINT)
         process.wait(timeout=10)
     assert process.returncode == 130
+
+
+def _background(*args: str) -> subprocess.Popen[bytes]:
+    """The streamsub command running as a real process, its output discarded."""
+    return subprocess.Popen(
+        [*STREAMSUB, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _dropped_metric(port: int) -> float | None:
+    """streamsub_dropped_unacked_total{topic="capped"} from the endpoint, None if unreachable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "streamsub_dropped_unacked_total" and sample.labels == {
+                "topic": "capped"
+            }:
+                return float(sample.value)
+    return 0.0
+
+
+async def test_retention_run_forever_serves_its_metrics(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`streamsub retention run --forever --metrics-port` trims in the background and its
+    endpoint reports exactly the unacknowledged messages its hard cap dropped."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url, trim_in_background=False) as client:
+        await client.create_topic(
+            "capped", partitions=2, retention=streamsub.Retention(max_length=4, drop_unacked=True)
+        )
+        await client.create_subscription("behind", topic="capped")
+        await client.publish_many("capped", [b"a"] * 30)
+        await client.publish_many("capped", [b"b"] * 20)
+    lengths = [int(redis_client.xlen(f"ss:{{capped.{p}}}")) for p in range(2)]
+    expected = sum(max(0, n - 4) for n in lengths)
+    port = _free_port()
+    command = ["retention", "run", "--forever", "--interval", "0.1", "--metrics-port", str(port)]
+    process = _background(*command, "--url", server.url)
+    try:
+        await until(
+            lambda: process.poll() is not None or _dropped_metric(port) == expected,
+            30,
+            f"the endpoint to report {expected} dropped",
+        )
+        assert process.poll() is None, "retention run --forever ended early"
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=10)
+    assert [int(redis_client.xlen(f"ss:{{capped.{p}}}")) for p in range(2)] == [
+        min(n, 4) for n in lengths
+    ]

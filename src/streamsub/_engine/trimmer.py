@@ -150,6 +150,8 @@ class Trimmer:
                 await self.run_once()
             except StreamsubError as exc:
                 log.warning("streamsub: retention pass failed: %s; trying again later", exc)
+            except Exception:  # a bug must not end trimming for the client's lifetime
+                log.exception("streamsub: retention pass failed; trying again later")
             self.passes += 1
             await asyncio.sleep(self._interval)
 
