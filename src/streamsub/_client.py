@@ -830,11 +830,8 @@ class Client:
         if to is not None:
             await self._topic_record(to)
         ids = None if message_ids is None else list(message_ids)
-        letters = await deadletters.find_dead_letters(
-            self._backend, topic, subscription, limit=None, message_ids=ids
-        )
         return await deadletters.replay(
-            self._backend, topic, letters, self.publish_many, to
+            self._backend, topic, subscription, self.publish_many, to=to, message_ids=ids
         )
 
     async def purge_dead_letters(
@@ -844,10 +841,7 @@ class Client:
         self._check_open()
         topic = await self._dead_letter_topic(subscription)
         ids = None if message_ids is None else list(message_ids)
-        letters = await deadletters.find_dead_letters(
-            self._backend, topic, subscription, limit=None, message_ids=ids
-        )
-        return await deadletters.delete(self._backend, topic, letters)
+        return await deadletters.purge(self._backend, topic, subscription, message_ids=ids)
 
     # --- operations: statistics --------------------------------------------------
     async def stats(self, topic: str | None = None) -> Stats:

@@ -127,3 +127,37 @@ async def test_dead_letter_tools_need_a_dead_letter_topic(client: streamsub.Clie
         await client.list_dead_letters("audit")
     with pytest.raises(streamsub.NotFoundError):
         await client.get_dead_letter("billing", "0-1-0")
+
+
+async def test_tools_page_through_a_shared_dead_letter_topic(client: streamsub.Client) -> None:
+    """Thousands of dead letters, mixed with another subscription's in one dead-letter
+    topic, are listed oldest first, replayed and purged page by page, each exactly once."""
+    await client.create_subscription("other", topic="orders", dead_letter_topic="dead")
+
+    def letter(i: int, subscription: str) -> streamsub.OutgoingMessage:
+        return streamsub.OutgoingMessage(
+            data=f"{subscription}-{i}".encode(),
+            attributes={
+                "n": str(i),
+                "streamsub.source_topic": "orders",
+                "streamsub.source_subscription": subscription,
+                "streamsub.delivery_attempts": "2",
+                "streamsub.dead_letter_reason": "test",
+            },
+        )
+
+    for start in range(0, 2500, 500):
+        await client.publish_many(
+            "dead",
+            [letter(i, s) for i in range(start, start + 500) for s in ("billing", "other")],
+        )
+    first = await client.list_dead_letters("billing", limit=10)
+    assert [d.attributes["n"] for d in first] == [str(i) for i in range(10)]
+
+    assert await client.replay_dead_letters("billing", to="orders") == 2500
+    assert await client.list_dead_letters("billing") == []
+    assert len(await client.list_dead_letters("other", limit=10_000)) == 2500
+    assert await client.purge_dead_letters("other") == 2500
+    stats = await client.stats("orders")
+    assert {s.subscription: s.dead_letters for s in stats.subscriptions}["billing"] == 0
+    assert sum(stats.topics[0].lengths) == 2500  # the replayed copies

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 
 from .._backends.base import Backend, TopicRecord
 from .._core import deadletter as meta
@@ -27,10 +27,11 @@ from .._message import OutgoingMessage
 __all__ = [
     "MAX_DEAD_LETTER_SCAN",
     "DeadLetter",
-    "delete",
     "find_dead_letters",
     "original_message",
+    "purge",
     "replay",
+    "scan_dead_letters",
 ]
 
 MAX_DEAD_LETTER_SCAN = 1_000_000
@@ -97,25 +98,25 @@ def _order(letter: DeadLetter) -> tuple[tuple[int, int], int]:
     return parse_id(entry_id), partition
 
 
-async def find_dead_letters(
+async def scan_dead_letters(
     backend: Backend,
     dead_letter_topic: TopicRecord,
     subscription: str,
     *,
-    limit: int | None,
     message_ids: Collection[str] | None = None,
-) -> list[DeadLetter]:
-    """The subscription's dead letters, oldest first: at most ``limit`` (None: all),
-    only ``message_ids`` when given."""
+    per_partition: int | None = None,
+) -> AsyncIterator[list[DeadLetter]]:
+    """The subscription's dead letters (only ``message_ids`` when given), a page of
+    at most ``_PAGE`` entries read at a time, partition after partition, each
+    partition oldest first, at most ``per_partition`` from each (None: all)."""
     wanted = None if message_ids is None else set(message_ids)
-    found: list[DeadLetter] = []
     for partition in range(dead_letter_topic.partitions):
         if wanted is not None and not any(i.startswith(f"{partition}-") for i in wanted):
             continue
-        after, read = "0-0", 0
-        matches = 0
-        while read < MAX_DEAD_LETTER_SCAN and (limit is None or matches < limit):
+        after, read, matches = "0-0", 0, 0
+        while read < MAX_DEAD_LETTER_SCAN and (per_partition is None or matches < per_partition):
             page = await backend.read_range(dead_letter_topic, partition, after, _PAGE)
+            found = []
             for entry_id, fields in page:
                 letter = _dead_letter(f"{partition}-{entry_id}", fields)
                 if letter.source_subscription != subscription:
@@ -123,13 +124,31 @@ async def find_dead_letters(
                 if wanted is not None and letter.message_id not in wanted:
                     continue
                 found.append(letter)
-                matches += 1
+            matches += len(found)
+            if found:
+                yield found
             read += len(page)
             if len(page) < _PAGE:
                 break
             after = page[-1][0]
+
+
+async def find_dead_letters(
+    backend: Backend,
+    dead_letter_topic: TopicRecord,
+    subscription: str,
+    *,
+    limit: int,
+    message_ids: Collection[str] | None = None,
+) -> list[DeadLetter]:
+    """The subscription's oldest ``limit`` dead letters (only ``message_ids`` when given)."""
+    found: list[DeadLetter] = []
+    async for page in scan_dead_letters(
+        backend, dead_letter_topic, subscription, message_ids=message_ids, per_partition=limit
+    ):
+        found += page
     found.sort(key=_order)
-    return found if limit is None else found[:limit]
+    return found[:limit]
 
 
 def original_message(letter: DeadLetter) -> OutgoingMessage:
@@ -142,41 +161,61 @@ def original_message(letter: DeadLetter) -> OutgoingMessage:
 async def replay(
     backend: Backend,
     dead_letter_topic: TopicRecord,
-    letters: Sequence[DeadLetter],
+    subscription: str,
     publish: Callable[[str, list[OutgoingMessage]], Awaitable[list[str]]],
+    *,
     to: str | None,
+    message_ids: Collection[str] | None,
 ) -> int:
-    """Publish each letter's original message to ``to`` (None: its source topic),
-    then delete the letters; return how many were replayed. A crash between the
-    two leaves a copy in both places: duplicated, never lost."""
-    by_topic: dict[str, list[DeadLetter]] = {}
-    for letter in letters:
-        target = to or letter.source_topic
-        if target is not None:
-            by_topic.setdefault(target, []).append(letter)
+    """Publish each dead letter's original message to ``to`` (None: its source
+    topic), then delete it, a page at a time; return how many were replayed. A
+    crash between the two leaves a copy in both places: duplicated, never lost."""
     replayed = 0
-    for target, batch in by_topic.items():
-        await publish(target, [original_message(letter) for letter in batch])
-        await delete(backend, dead_letter_topic, batch)
-        replayed += len(batch)
-        log.info(
-            "streamsub: replayed %d dead letters from %r to %r",
-            len(batch),
-            dead_letter_topic.name,
-            target,
-        )
+    async for page in scan_dead_letters(
+        backend, dead_letter_topic, subscription, message_ids=message_ids
+    ):
+        by_topic: dict[str, list[DeadLetter]] = {}
+        for letter in page:
+            target = to or letter.source_topic
+            if target is not None:
+                by_topic.setdefault(target, []).append(letter)
+        for target, batch in by_topic.items():
+            await publish(target, [original_message(letter) for letter in batch])
+            await _delete(backend, dead_letter_topic, batch)
+            replayed += len(batch)
+            log.info(
+                "streamsub: replayed %d dead letters from %r to %r",
+                len(batch),
+                dead_letter_topic.name,
+                target,
+            )
     return replayed
 
 
-async def delete(
+async def purge(
+    backend: Backend,
+    dead_letter_topic: TopicRecord,
+    subscription: str,
+    *,
+    message_ids: Collection[str] | None,
+) -> int:
+    """Delete the subscription's dead letters (only ``message_ids`` when given), a
+    page at a time; return how many."""
+    deleted = 0
+    async for page in scan_dead_letters(
+        backend, dead_letter_topic, subscription, message_ids=message_ids
+    ):
+        deleted += await _delete(backend, dead_letter_topic, page)
+    if deleted:
+        log.info("streamsub: deleted %d dead letters from %r", deleted, dead_letter_topic.name)
+    return deleted
+
+
+async def _delete(
     backend: Backend, dead_letter_topic: TopicRecord, letters: Sequence[DeadLetter]
 ) -> int:
-    """Delete ``letters`` from the dead-letter topic; return how many were there."""
     ids: dict[int, list[str]] = {}
     for letter in letters:
         partition, entry_id = split_message_id(letter.message_id)
         ids.setdefault(partition, []).append(entry_id)
-    deleted = await backend.delete_entries(dead_letter_topic, ids)
-    if deleted:
-        log.info("streamsub: deleted %d dead letters from %r", deleted, dead_letter_topic.name)
-    return deleted
+    return await backend.delete_entries(dead_letter_topic, ids)
