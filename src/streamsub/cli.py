@@ -372,12 +372,13 @@ def topic_list(url: Url = streamsub.DEFAULT_URL, as_json: Json = False) -> None:
     if not topics:
         err.print("no topics; create one with: streamsub topic create NAME")
         return
-    table = Table("topic", "partitions", "subscriptions", "created")
+    table = Table("topic", "partitions", "subscriptions", "retention", "created")
     for topic, subs in topics:
         table.add_row(
             topic.name,
             str(topic.partitions),
             ", ".join(s.name for s in subs) or "-",
+            _retention_text(topic.retention),
             _when(topic.created),
         )
     out.print(table)

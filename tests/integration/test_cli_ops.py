@@ -82,6 +82,7 @@ def test_retention_commands(cli: Any, redis_client: redis.Redis, server: RedisSe
     created = cli("topic", "create", "logs", "--partitions", "2", "--max-length", "10")
     assert created.exit_code == 0, created.output
     assert "max length 10" in cli("topic", "describe", "logs").stdout
+    assert "max length 10" in cli("topic", "list").stdout
     _with_client(server, lambda c: c.publish_many("logs", [b"x"] * 100))
     _with_client(server, lambda c: c.publish_many("logs", [b"y"] * 50))
     lengths = [int(redis_client.xlen(f"ss:{{logs.{p}}}")) for p in range(2)]
