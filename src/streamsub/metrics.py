@@ -24,8 +24,18 @@ or ``streamsub pull --metrics-port 9464``. What is exported (labels in braces):
 =====================================================  ===========================
 
 Counters are per process (each process serves its own, as Prometheus expects);
-the topic-wide, cross-process figures are in ``Client.stats()``. The receiver
-reports through the ``on_*``/``observe_*`` functions below.
+the topic-wide, cross-process figures are in ``Client.stats()``.
+
+Who reports what: ``Client.publish``/``publish_many`` call :func:`on_published`
+and the retention trimmer :func:`on_dropped_unacked`. The receiver reports
+through the other hooks, each a dictionary update under a lock:
+:func:`on_delivered` when a batch is handed to handlers (``redelivered``: those
+with delivery attempt > 1), :func:`on_acked` / :func:`on_nacked` with the
+counts the backend confirmed, :func:`on_dead_lettered` after each dead letter
+is stored, :func:`on_lost` where it counts an entry lost, and
+:func:`observe_handler_latency` (handler run time), :func:`observe_end_to_end_latency`
+(now minus the message's publish time, at settling) and :func:`set_in_flight`
+(messages held, when the flow controller changes).
 """
 
 from __future__ import annotations
