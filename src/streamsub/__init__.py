@@ -31,7 +31,7 @@ from ._core.retention import PartitionTrim, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot
 from ._core.stats import PartitionReport, Stats, SubscriptionReport, TopicReport
 from ._engine.deadletters import DeadLetter
-from ._engine.receiver import ReceiverStatistics
+from ._engine.receiver import SHUTDOWN_MARGIN, ReceiverStatistics
 from ._errors import (
     AckError,
     AckStatus,
@@ -80,6 +80,7 @@ __all__ = [
     "Retention",
     "RetentionResult",
     "RetryPolicy",
+    "SHUTDOWN_MARGIN",
     "SeekResult",
     "Snapshot",
     "Stats",

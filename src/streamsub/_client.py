@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import itertools
 import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
@@ -23,6 +23,7 @@ from ._core.seek import SeekResult, Snapshot, is_snapshot_name
 from ._core.stats import Stats
 from ._engine import deadletters
 from ._engine.deadletters import DeadLetter
+from ._engine.dispatcher import DEFAULT_HANDLER_THREADS
 from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
@@ -35,6 +36,7 @@ from ._errors import (
     InvalidArgumentError,
     InvalidTypeError,
     NotFoundError,
+    StreamsubError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
 )
@@ -153,10 +155,13 @@ def _check_retention(retention: object) -> None:
         raise InvalidTypeError(
             f"retention must be a streamsub.Retention or None, got {retention!r}"
         )
+_subscriber_numbers = itertools.count(1)
 
 
 def _default_consumer() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """``host-pid-n``: the same for the n-th subscriber of a process every time it
+    starts, unique among the live ones (a consumer name must be)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{next(_subscriber_numbers)}"
 
 
 def connect(
@@ -622,20 +627,28 @@ class Client:
         max_lease_duration: float = DEFAULT_MAX_LEASE_DURATION,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         consumer_expiry: float = DEFAULT_CONSUMER_EXPIRY,
+        handler_threads: int = DEFAULT_HANDLER_THREADS,
     ) -> Subscriber:
         """Stream ``subscription`` to ``handler`` while the ``async with`` block runs.
 
-        ``handler`` is ``async def`` or plain ``def`` (run in a thread pool).
+        ``handler`` is ``async def`` (each call runs in an asyncio task of its
+        own) or plain ``def`` (run in a pool of ``handler_threads`` threads,
+        default ``min(32, cpus + 4)``; an awaitable it returns is awaited).
         With ``ack_mode="auto"`` (default) a handler that returns acks and one
         that raises nacks; with ``"manual"`` the handler calls ``message.ack()``
-        or ``message.nack()``. ``flow_control`` bounds what is held at once
-        (default 1000 messages, 100 MiB). ``consumer`` names this subscriber in
-        the consumer group (default: host, pid and a random suffix, unique per
-        live process). Messages are leased while their handlers run, for at most
+        or ``message.nack()`` (plain calls, from any thread).
+        ``flow_control`` bounds what is held at once (default 1000 messages,
+        100 MiB). ``consumer`` names this subscriber in the consumer group
+        (default ``host-pid-n``, for the n-th subscriber of the process).
+        Messages are leased while their handlers run, for at most
         ``max_lease_duration`` (default 1 hour). Leaving the block waits up to
-        ``shutdown_timeout`` (default 30 s) for running handlers. Consumers of
-        the group idle for ``consumer_expiry`` (default 1 hour) that hold no
-        message are deleted.
+        ``shutdown_timeout`` (default 30 s) for running handlers, and at most
+        ``SHUTDOWN_MARGIN`` seconds more in all. Consumers of the group idle for
+        ``consumer_expiry`` (default 1 hour) that hold no message are deleted.
+
+        If the subscription or its topic is deleted, the subscriber stops and
+        leaving the block (or ``await subscriber.wait()``) raises
+        :class:`SubscriptionNotFoundError`.
         """
         self._check_open()
         if not callable(handler):
@@ -649,6 +662,14 @@ class Client:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be seconds > 0, got {value!r}")
+        if (
+            isinstance(handler_threads, bool)
+            or not isinstance(handler_threads, int)
+            or handler_threads < 1
+        ):
+            raise InvalidArgumentError(
+                f"handler_threads must be a whole number >= 1, got {handler_threads!r}"
+            )
         if max_lease_duration > DEFAULT_MAX_LEASE_DURATION:
             log.warning(
                 "streamsub: max_lease_duration=%s s is over an hour: a stuck handler holds its "
@@ -671,6 +692,7 @@ class Client:
             max_lease_duration=max_lease_duration,
             shutdown_timeout=shutdown_timeout,
             consumer_expiry=consumer_expiry,
+            handler_threads=handler_threads,
         )
 
     # --- operations: retention -------------------------------------------------
@@ -877,17 +899,23 @@ class Subscriber:
         max_lease_duration: float,
         shutdown_timeout: float,
         consumer_expiry: float,
+        handler_threads: int,
     ) -> None:
         self._client = client
-        self._consumer_expiry = consumer_expiry
         self._subscription = subscription
         self._handler = handler
-        self._flow_control = flow_control
-        self._ack_mode = ack_mode
+        self._options = {
+            "flow_control": flow_control,
+            "ack_mode": ack_mode,
+            "consumer": consumer,
+            "max_lease_duration": max_lease_duration,
+            "consumer_expiry": consumer_expiry,
+            "shutdown_timeout": shutdown_timeout,
+            "handler_threads": handler_threads,
+        }
         self.consumer = consumer
-        self._max_lease_duration = max_lease_duration
-        self._shutdown_timeout = shutdown_timeout
         self._receiver: Receiver | None = None
+        self._last: Receiver | None = None
 
     async def start(self) -> None:
         """Start streaming (``async with`` does this)."""
@@ -899,33 +927,43 @@ class Subscriber:
         dead_letter_topic = None
         if isinstance(dead_letter_name, str):
             dead_letter_topic = await client._topic_record(dead_letter_name)
-        self._receiver = Receiver(
+        self._receiver = self._last = Receiver(
             backend=client._backend,
             topic=topic,
             subscription=record,
             dead_letter_topic=dead_letter_topic,
-            consumer_expiry=self._consumer_expiry,
             handler=self._handler,
-            flow_control=self._flow_control,
-            ack_mode=self._ack_mode,
-            consumer=self.consumer,
-            max_lease_duration=self._max_lease_duration,
+            **self._options,  # type: ignore[arg-type]
         )
         self._receiver.start()
         client._subscribers.add(self)
 
     async def stop(self) -> None:
-        """Stop reading, let handlers finish (up to shutdown_timeout), flush acks."""
+        """Stop reading, let handlers finish (up to shutdown_timeout), flush acks.
+        Returns within shutdown_timeout plus ``SHUTDOWN_MARGIN`` seconds, even
+        when Redis is gone."""
         receiver, self._receiver = self._receiver, None
         self._client._subscribers.discard(self)
         if receiver is not None:
-            await receiver.stop(self._shutdown_timeout)
+            await receiver.stop()
+
+    async def wait(self) -> None:
+        """Wait until the subscriber stops: return after :meth:`stop`, raise the
+        error (say :class:`SubscriptionNotFoundError`) that stopped it otherwise."""
+        if self._last is None:
+            raise ClosedError("the subscriber was never started")
+        await self._last.wait()
+
+    @property
+    def error(self) -> StreamsubError | None:
+        """The error that stopped the subscriber, if one did."""
+        return None if self._last is None else self._last.error
 
     def statistics(self) -> ReceiverStatistics:
         """A snapshot of this subscriber's counters."""
-        if self._receiver is None:
-            raise ClosedError("the subscriber is not running")
-        return self._receiver.statistics()
+        if self._last is None:
+            raise ClosedError("the subscriber was never started")
+        return self._last.statistics()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -938,3 +976,5 @@ class Subscriber:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+        if exc is None and self.error is not None:
+            raise self.error

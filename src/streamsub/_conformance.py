@@ -315,11 +315,11 @@ async def check_manual_ack_and_nack(client: Client) -> None:
             deliveries.append((message.data, message.delivery_attempt))
             if message.data == b"nack me" and message.delivery_attempt == 1:
                 nacked_at.append(time.monotonic())
-                await message.nack()
+                message.nack()
             else:
                 if message.data == b"nack me" and nacked_at:
                     redelivered_after.append(time.monotonic() - nacked_at[0])
-                await message.ack()
+                message.ack()
 
         async with client.subscribe(subscription, handler, ack_mode="manual"):
             await client.publish_many(topic, [b"ack me", b"and me", b"nack me"])

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Mapping
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ._engine.receiver import Receiver
-
-__all__ = ["Message", "OutgoingMessage"]
+__all__ = ["Message", "OutgoingMessage", "Settling"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,20 +19,69 @@ class OutgoingMessage:
     attributes: Mapping[str, str] | None = None
 
 
+class Settling(Protocol):
+    """What a message needs from the subscriber that received it: the small
+    settling protocol its methods call, and nothing more of the receiver.
+
+    Each method may be called from any thread; the subscriber hands the call
+    to its event loop.
+    """
+
+    def ack(self, message: Message) -> None: ...
+
+    def nack(self, message: Message) -> None: ...
+
+    def dead_letter(self, message: Message, reason: str) -> None: ...
+
+    def modify_ack_deadline(self, message: Message, seconds: float) -> None: ...
+
+    async def ack_with_response(self, message: Message) -> None: ...
+
+    async def nack_with_response(self, message: Message) -> None: ...
+
+
+class Settled:
+    """What the settling methods return: nothing to wait for.
+
+    ``message.ack()`` takes effect when called, as in Pub/Sub's clients. Awaiting
+    the result, as streamsub 0.1 required (``await message.ack()``), still works
+    and is deprecated.
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        return
+        yield  # a generator that finishes at once
+
+    def __repr__(self) -> str:
+        return "Settled()"
+
+
+_SETTLED = Settled()
+
+
 class Message:
     """A received message, handed to the subscription's handler.
 
     ``message_id`` is ``"<partition>-<stream entry id>"``, the id ``publish``
     returned. ``delivery_attempt`` is exact: 1 on the first delivery, one more
     on each redelivery. ``publish_time`` is when the server stored it (UTC).
+
+    ``ack()``, ``nack()``, ``dead_letter(reason)`` and
+    ``modify_ack_deadline(seconds)`` are plain methods, safe to call from async
+    handlers, plain ``def`` handlers in the thread pool, or any other thread.
+    The first of ack, nack and dead letter settles the message; later calls do
+    nothing.
     """
 
     __slots__ = (
         "_delivered_ms",
         "_entry_id",
         "_partition",
-        "_receiver",
+        "_settling",
         "_size",
+        "_started",
         "attributes",
         "data",
         "delivery_attempt",
@@ -55,7 +101,7 @@ class Message:
         subscription: str,
         size: int,
         delivered_ms: int,
-        receiver: Receiver,
+        settling: Settling,
     ) -> None:
         self.data = data
         self.attributes = attributes
@@ -66,7 +112,8 @@ class Message:
         self._entry_id = entry_id
         self._size = size
         self._delivered_ms = delivered_ms
-        self._receiver = receiver
+        self._settling = settling
+        self._started = False
 
     @property
     def message_id(self) -> str:
@@ -92,40 +139,50 @@ class Message:
             f"delivery_attempt={self.delivery_attempt})"
         )
 
-    async def ack(self) -> None:
+    def ack(self) -> Settled:
         """Acknowledge: the message is done and is not delivered again.
 
         Acks are sent in batches shortly after; a second ack, or an ack after a
         nack, does nothing.
         """
-        self._receiver.settle_ack(self)
+        self._settling.ack(self)
+        return _SETTLED
+
+    def nack(self) -> Settled:
+        """Give the message back: it is delivered again after the retry policy's
+        backoff, or goes to the dead-letter topic when this was its last attempt."""
+        self._settling.nack(self)
+        return _SETTLED
+
+    def dead_letter(self, reason: str) -> Settled:
+        """Send the message to the subscription's dead-letter topic now, with ``reason``.
+
+        Raises :class:`FailedPreconditionError` when the subscription has none.
+        """
+        self._settling.dead_letter(self, reason)
+        return _SETTLED
+
+    def modify_ack_deadline(self, seconds: float) -> Settled:
+        """End this message's lease ``seconds`` from now; 0 gives it back for
+        redelivery at once, without the retry policy's backoff (Pub/Sub's nack).
+
+        The lease is never held longer than the subscriber's max_lease_duration
+        after receipt.
+        """
+        self._settling.modify_ack_deadline(self, seconds)
+        return _SETTLED
 
     async def ack_with_response(self) -> None:
         """Acknowledge, and return once the server confirms it.
 
         Raises :class:`AckError` with status ``INVALID_ACK_ID`` when this
-        subscriber no longer owns the message (its lease was lost and another
-        subscriber may have it): the ack did not take effect. Use it with
-        subscriptions created with ``enable_exactly_once_delivery=True``.
+        subscriber no longer owns this delivery of the message (its lease was
+        lost and another subscriber may have it): the ack did not take effect.
+        Use it with subscriptions created with ``enable_exactly_once_delivery=True``.
         """
-        await self._receiver.ack_with_response(self)
+        await self._settling.ack_with_response(self)
 
-    async def nack(self) -> None:
-        """Give the message back: it is delivered again after the retry policy's
-        backoff, or goes to the dead-letter topic when this was its last attempt."""
-        self._receiver.settle_nack(self)
-
-    async def dead_letter(self, reason: str) -> None:
-        """Send the message to the subscription's dead-letter topic now, with ``reason``.
-
-        Raises :class:`FailedPreconditionError` when the subscription has none.
-        """
-        self._receiver.settle_dead_letter(self, reason)
-
-    async def modify_ack_deadline(self, seconds: float) -> None:
-        """End this message's lease ``seconds`` from now (0 = nack now).
-
-        The lease is never held longer than the subscriber's max_lease_duration
-        after receipt.
-        """
-        self._receiver.modify_ack_deadline(self, seconds)
+    async def nack_with_response(self) -> None:
+        """Nack, and return once the server confirms it; raises :class:`AckError`
+        (``INVALID_ACK_ID``) when this delivery was no longer this subscriber's."""
+        await self._settling.nack_with_response(self)

@@ -1247,7 +1247,7 @@ def pull(
                 # Acked together at the end: acking as they come frees flow-control
                 # room, and the reader would take more than we print.
                 for message in received:
-                    await message.ack()
+                    message.ack()
 
     run(main())
     if as_json:

@@ -16,7 +16,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from streamsub._core.flow import FlowController, FlowStatistics
+from streamsub._core.flow import FlowController, FlowStatistics, Grant
 from streamsub._settings import FlowControl
 
 
@@ -25,40 +25,116 @@ def controller(max_messages: int = 1000, max_bytes: int = 100) -> FlowController
     return FlowController(FlowControl(max_messages=max_messages, max_bytes=max_bytes))
 
 
-def test_read_budget_starts_at_max_messages() -> None:
-    """With nothing outstanding a read may ask for max_messages."""
-    assert controller(max_messages=10).read_budget() == 10
-
-
-def test_read_budget_shrinks_with_outstanding_messages() -> None:
-    """Each message read but not yet finished takes one from the read budget."""
-    flow = controller(max_messages=10)
-    flow.received([("a", 1), ("b", 1), ("c", 1)])
-    assert flow.read_budget() == 7
+def warmed(max_messages: int, max_bytes: int = 10**6) -> FlowController[str]:
+    """A controller that has seen one 1-byte message, so it reserves by message count."""
+    flow = controller(max_messages=max_messages, max_bytes=max_bytes)
+    flow.received([("seed", 1)], flow.reserve(1))
     flow.finished(1)
-    assert flow.read_budget() == 8
+    return flow
 
 
-def test_read_budget_counts_messages_on_hold() -> None:
+def test_a_reservation_takes_at_most_the_free_messages() -> None:
+    """With nothing outstanding a read may reserve max_messages, and no more."""
+    flow = warmed(10)
+    assert flow.reserve(50).messages == 10
+    assert flow.reserve(1) == Grant(0, 0)
+
+
+def test_reservations_shrink_with_outstanding_messages() -> None:
+    """Each message read but not yet finished takes one from what may be reserved."""
+    flow = warmed(10)
+    flow.received([("a", 1), ("b", 1), ("c", 1)])
+    assert flow.reserve(100).messages == 7
+
+
+def test_messages_on_hold_count_against_reservations() -> None:
     """Messages waiting on hold are outstanding, so they count against the budget."""
     flow = controller(max_messages=10, max_bytes=10)
-    assert flow.received([("a", 8), ("b", 8)]) == ["a"]
+    assert flow.received([("a", 5), ("b", 5), ("c", 5)]) == ["a", "b"]
     assert flow.statistics().on_hold == 1
-    assert flow.read_budget() == 8
+    assert flow.reserve(100) == Grant(0, 0)  # bytes: 15 of 10 outstanding
 
 
-def test_read_budget_is_not_positive_after_an_over_read() -> None:
-    """A wide read may bring more than the budget; then no further read is allowed."""
-    flow = controller(max_messages=2)
-    flow.received([("a", 1), ("b", 1), ("c", 1)])
-    assert flow.read_budget() <= 0
+def test_the_first_read_asks_for_one_message() -> None:
+    """Before any message was seen a read assumes one of max_bytes: it takes one."""
+    flow = controller(max_messages=1000, max_bytes=800)
+    assert flow.reserve(1000) == Grant(1, 800)
+    assert flow.reserve(1000) == Grant(0, 0)
+
+
+def test_reservations_follow_the_size_of_the_messages_read() -> None:
+    """After a read, reservations assume its mean message size: many small ones, few large."""
+    flow = controller(max_messages=1000, max_bytes=10_000)
+    grant = flow.reserve(1000)
+    flow.received([("a", 10), ("b", 30)], grant)
+    assert flow.size_estimate == 20
+    assert flow.reserve(1000).messages == (10_000 - 40) // 20
+    flow2 = controller(max_messages=1000, max_bytes=10_000)
+    flow2.received([("big", 4000)], flow2.reserve(1))
+    assert flow2.reserve(1000).messages == 1  # 6,000 bytes free: one more of 4,000
+
+
+def test_outstanding_bytes_bound_reads_not_only_running_ones() -> None:
+    """Held bytes, not only running ones, stop further reads: 10 MB messages cannot
+    pile up on hold past max_bytes."""
+    flow = controller(max_messages=1000, max_bytes=30)
+    flow.received([("a", 10)], flow.reserve(1))
+    grant = flow.reserve(1000)
+    assert grant.messages == 2
+    flow.received([("b", 10), ("c", 10)], grant)
+    assert flow.reserve(1000) == Grant(0, 0)
+    assert flow.statistics().outstanding_bytes == 30
+
+
+def test_a_message_larger_than_max_bytes_is_read_alone() -> None:
+    """With nothing outstanding or reserved one message may be read, however large."""
+    flow = controller(max_messages=10, max_bytes=100)
+    flow.received([("huge", 1000)], flow.reserve(1))
+    assert flow.reserve(10) == Grant(0, 0)
+    flow.finished(1000)
+    assert flow.reserve(10).messages == 1
+
+
+def test_priority_refuses_the_others_until_it_has_reserved() -> None:
+    """A reclaimer that found no room is served before readers, who are refused meanwhile."""
+    flow = warmed(4)
+    reader = flow.reserve(4)
+    assert flow.reserve(1, priority=True) == Grant(0, 0)
+    flow.want_priority()
+    flow.unreserve(reader)  # the reader's blocked read came back empty
+    assert flow.reserve(4) == Grant(0, 0)
+    assert flow.reserve(2, priority=True).messages == 2
+    assert flow.reserve(4).messages == 2
+
+
+def test_unreserve_gives_the_budget_back() -> None:
+    """A read that failed or returned nothing frees its reservation."""
+    flow = warmed(10)
+    first = flow.reserve(6)
+    second = flow.reserve(6)
+    assert (first.messages, second.messages) == (6, 4)
+    flow.unreserve(second)
+    flow.received([("a", 1)], first)
+    assert flow.reserve(100).messages == 9
+
+
+def test_entries_held_aside_are_outstanding_but_never_run() -> None:
+    """Entries kept for dead-lettering count in messages and bytes until finished."""
+    flow = warmed(3)
+    assert flow.received([("a", 5)], flow.reserve(3), aside=[7, 8]) == ["a"]
+    stats = flow.statistics()
+    assert (stats.outstanding_messages, stats.outstanding_bytes) == (3, 20)
+    assert stats.running_messages == 1
+    assert flow.reserve(1) == Grant(0, 0)
+    flow.finished(7, started=False)
+    assert flow.reserve(1).messages == 1
 
 
 def test_received_starts_messages_that_fit() -> None:
     """Messages that fit under both limits start at once, in arrival order."""
     flow = controller(max_messages=10, max_bytes=100)
     assert flow.received([("a", 10), ("b", 20), ("c", 30)]) == ["a", "b", "c"]
-    assert flow.statistics() == FlowStatistics(3, 3, 60, 0)
+    assert flow.statistics() == FlowStatistics(3, 60, 3, 60, 0)
 
 
 def test_received_holds_by_bytes_in_arrival_order() -> None:
@@ -100,11 +176,11 @@ def test_finished_releases_bytes_and_admits_what_now_fits() -> None:
     """Finishing a message frees its bytes and starts held messages that now fit."""
     flow = controller(max_bytes=100)
     flow.received([("a", 50), ("b", 50), ("c", 40), ("d", 20)])
-    assert flow.statistics() == FlowStatistics(4, 2, 100, 2)
+    assert flow.statistics() == FlowStatistics(4, 160, 2, 100, 2)
     assert flow.finished(50) == ["c"]
-    assert flow.statistics() == FlowStatistics(3, 2, 90, 1)
+    assert flow.statistics() == FlowStatistics(3, 110, 2, 90, 1)
     assert flow.finished(50) == ["d"]
-    assert flow.statistics() == FlowStatistics(2, 2, 60, 0)
+    assert flow.statistics() == FlowStatistics(2, 60, 2, 60, 0)
 
 
 def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
@@ -113,8 +189,7 @@ def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
     flow.received([("a", 8), ("b", 8)])
     assert flow.drain_hold() == ["b"]
     assert flow.finished(8, started=False) == []
-    assert flow.statistics() == FlowStatistics(1, 1, 8, 0)
-    assert flow.read_budget() == 4
+    assert flow.statistics() == FlowStatistics(1, 8, 1, 8, 0)
 
 
 def test_drain_hold_takes_every_held_message_in_order() -> None:
@@ -123,17 +198,17 @@ def test_drain_hold_takes_every_held_message_in_order() -> None:
     flow.received([("a", 1), ("b", 1), ("c", 1)])
     assert flow.drain_hold() == ["b", "c"]
     assert flow.drain_hold() == []
-    assert flow.statistics() == FlowStatistics(3, 1, 1, 0)
+    assert flow.statistics() == FlowStatistics(3, 3, 1, 1, 0)
 
 
 def test_drained_messages_stay_outstanding_until_finished() -> None:
-    """Drained messages still count against the read budget until each is finished."""
-    flow = controller(max_messages=3)
-    flow.received([("a", 1), ("b", 1), ("c", 1), ("d", 1)])
+    """Drained messages still count against reservations until each is finished."""
+    flow = warmed(3)
+    flow.received([("a", 1), ("b", 1), ("c", 1)])
     flow.drain_hold()
-    assert flow.read_budget() == -1
+    assert flow.reserve(1) == Grant(0, 0)
     flow.finished(1, started=False)
-    assert flow.read_budget() == 0
+    assert flow.reserve(1).messages == 1
 
 
 def test_drain_hold_means_finishing_starts_nothing_more() -> None:
@@ -151,7 +226,11 @@ def test_statistics_is_a_frozen_snapshot() -> None:
     snapshot = flow.statistics()
     flow.received([("b", 7)])
     assert snapshot == FlowStatistics(
-        outstanding_messages=1, running_messages=1, running_bytes=5, on_hold=0
+        outstanding_messages=1,
+        outstanding_bytes=5,
+        running_messages=1,
+        running_bytes=5,
+        on_hold=0,
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         snapshot.running_bytes = 0  # type: ignore[misc]
@@ -161,7 +240,7 @@ def test_empty_receive_starts_nothing() -> None:
     """Receiving no messages changes nothing."""
     flow = controller()
     assert flow.received([]) == []
-    assert flow.statistics() == FlowStatistics(0, 0, 0, 0)
+    assert flow.statistics() == FlowStatistics(0, 0, 0, 0, 0)
 
 
 class FlowMachine(RuleBasedStateMachine):
@@ -201,12 +280,13 @@ class FlowMachine(RuleBasedStateMachine):
             self.started.append(item)
             self.running.add(item)
 
-    @precondition(lambda self: self.flow.read_budget() > 0)
     @rule(data=st.data())
     def receive(self, data: st.DataObject) -> None:
-        # A read over P partitions asks at least one each, so up to P-1 past the budget.
-        most = self.flow.read_budget() + self.partitions - 1
-        sizes = data.draw(st.lists(st.integers(0, 300), min_size=1, max_size=most))
+        grant = self.flow.reserve(data.draw(st.integers(1, 10)))
+        if not grant.messages:
+            return
+        # A read returns no more than it reserved, and perhaps fewer.
+        sizes = data.draw(st.lists(st.integers(0, 300), max_size=grant.messages))
         items = []
         for size in sizes:
             self.sizes[self.next_id] = size
@@ -214,7 +294,7 @@ class FlowMachine(RuleBasedStateMachine):
             self.arrived.append(self.next_id)
             self.held.append(self.next_id)
             self.next_id += 1
-        self._start(self.flow.received(items))
+        self._start(self.flow.received(items, grant))
 
     @precondition(lambda self: self.running)
     @rule(data=st.data())
@@ -251,7 +331,7 @@ class FlowMachine(RuleBasedStateMachine):
         assert stats.running_bytes == sum(self.sizes[i] for i in self.running)
         assert stats.on_hold == len(self.held)
         assert stats.outstanding_messages == len(self.arrived) - self.finished_count
-        assert self.flow.read_budget() == self.max_messages - stats.outstanding_messages
+        assert stats.outstanding_messages <= self.max_messages
 
     @invariant()
     def starts_in_arrival_order(self) -> None:
@@ -271,16 +351,3 @@ class FlowMachine(RuleBasedStateMachine):
 def test_flow_controller_invariants_hold_under_random_events() -> None:
     """Under any reads, finishes and drains the limits hold, order is kept and nothing stalls."""
     run_state_machine_as_test(FlowMachine)
-
-
-def test_reservations_of_reads_in_flight_share_the_budget() -> None:
-    """Two reads in flight together never ask for more than the free slots, and a
-    read's reservation turns into outstanding messages when it returns."""
-    flow: FlowController[str] = FlowController(FlowControl(max_messages=10))
-    assert flow.reserve(6) == 6
-    assert flow.reserve(6) == 4
-    assert flow.read_budget() == 0
-    flow.received([("a", 1), ("b", 1)], reserved=6)
-    assert flow.read_budget() == 4
-    flow.unreserve(4)
-    assert flow.read_budget() == 8

@@ -152,3 +152,17 @@ def test_ack_error_carries_its_status() -> None:
     error = streamsub.AckError("lease lost", status=streamsub.AckStatus.INVALID_ACK_ID)
     assert error.status is streamsub.AckStatus.INVALID_ACK_ID
     assert str(error) == "lease lost"
+
+
+def test_default_consumer_names_are_host_pid_and_a_counter() -> None:
+    """Default consumer names are ``host-pid-n``: no random part, unique per subscriber."""
+    import os
+    import socket
+
+    from streamsub._client import _default_consumer
+
+    first, second = _default_consumer(), _default_consumer()
+    prefix = f"{socket.gethostname()}-{os.getpid()}-"
+    assert first.startswith(prefix)
+    assert second.startswith(prefix)
+    assert int(second.removeprefix(prefix)) == int(first.removeprefix(prefix)) + 1

@@ -21,6 +21,7 @@ __all__ = [
     "Backend",
     "Entry",
     "GroupInfo",
+    "NackItem",
     "ReclaimState",
     "Reclaimed",
     "ServerInfo",
@@ -49,6 +50,18 @@ class SubscriptionRecord:
     topic: str
     created: float
     settings: Mapping[str, object]
+
+
+class NackItem(NamedTuple):
+    """One entry to give back: after ``delay_ms``, as delivery ``attempt``."""
+
+    entry_id: str
+    delay_ms: int
+    delivered_ms: int
+    """When this delivery was handed over (ms since the epoch), for dead letters."""
+    attempt: int
+    handled: bool
+    """False when no handler saw it: its delivery count is taken back."""
 
 
 class Entry(NamedTuple):
@@ -159,7 +172,8 @@ class Backend(Protocol):
         """Destroy the group on every partition and delete the record."""
 
     async def group_info(self, topic: TopicRecord, group: str) -> list[GroupInfo]:
-        """Per-partition counts of ``group``."""
+        """Per-partition counts of ``group``, every partition; raises
+        :class:`SubscriptionNotFoundError` when a partition has no such group."""
         ...
 
     # --- data ------------------------------------------------------------------
@@ -177,9 +191,10 @@ class Backend(Protocol):
         consumer: str,
         partitions: Sequence[int],
         count: int,
-        block_ms: int,
+        block_ms: int | None,
     ) -> list[Entry]:
-        """Deliver up to ``count`` new entries per partition to ``consumer``."""
+        """Deliver up to ``count`` new entries per partition to ``consumer``, waiting up
+        to ``block_ms`` for one to arrive (None: answer at once)."""
         ...
 
     async def ack(
@@ -205,13 +220,15 @@ class Backend(Protocol):
         topic: TopicRecord,
         group: str,
         consumer: str,
-        items: Mapping[int, Sequence[tuple[str, int, int, bool]]],
+        items: Mapping[int, Sequence[NackItem]],
         min_idle_ms: int,
     ) -> dict[int, list[str]]:
-        """Give back entries ``consumer`` still owns, as (id, delay ms, delivery time
-        ms, delivered): each is reclaimable ``delay`` after now, by reclaimers whose
-        min-idle is ``min_idle_ms``. One not ``delivered`` (no handler saw it) has
-        its delivery count taken back. Return the ids it still owned."""
+        """Give back entries ``consumer`` still owns in the delivery named by each
+        item's ``attempt``: each is reclaimable ``delay_ms`` after now, by
+        reclaimers whose min-idle is ``min_idle_ms``. One not ``handled`` (no
+        handler saw it) has its delivery count taken back. An entry owned by
+        another consumer, or redelivered since, is left alone. Return the ids
+        given back."""
         ...
 
     async def reclaim(
@@ -233,15 +250,21 @@ class Backend(Protocol):
         ...
 
     async def ack_owned(
-        self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        ids: Mapping[int, Sequence[tuple[str, int]]],
     ) -> dict[int, list[str]]:
-        """Acknowledge only entries ``consumer`` still owns; return those acknowledged."""
+        """Acknowledge (entry id, delivery attempt) pairs only where ``consumer``
+        still owns that delivery; return the ids acknowledged."""
         ...
 
     async def dead_letter(
         self,
         topic: TopicRecord,
         group: str,
+        consumer: str,
         partition: int,
         entry_id: str,
         target: TopicRecord,
@@ -249,10 +272,12 @@ class Backend(Protocol):
         packed: bytes,
         first_delivery_ms: int | None,
         last_delivery_ms: int | None,
-    ) -> str:
+    ) -> str | None:
         """Append ``packed`` (plus its delivery times) to ``target`` and acknowledge
-        the source entry; return the dead letter's message id. Never loses the
-        message: where the two cannot be one step, append comes first."""
+        the source entry, only while ``consumer`` owns it; return the dead letter's
+        message id, or None when the entry was not ``consumer``'s (already moved,
+        acknowledged, or taken by another): then nothing is written. Never loses
+        the message: where the two cannot be one step, append comes first."""
         ...
 
     async def delete_idle_consumers(

@@ -40,8 +40,16 @@ LAST_DELIVERY_MS = "streamsub.last_delivery_ms"
 UNDECODABLE = "undecodable"
 """The reason given to entries that streamsub did not write."""
 
-_MAX_REASON_CHARS = 900
-"""Attribute values are limited to 1024 bytes; a long error text is cut."""
+_MAX_REASON_BYTES = 1000
+"""Attribute values are limited to 1024 bytes (UTF-8); a longer reason is cut."""
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary."""
+    raw = text.encode()
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode(errors="ignore") + "..."
 
 
 def undecodable_data(fields: Sequence[bytes]) -> bytes:
@@ -71,8 +79,7 @@ def dead_letter_message(
     reason: str,
 ) -> Encoded:
     """The dead letter for ``message`` (None when undecodable: then ``raw_fields``)."""
-    if len(reason) > _MAX_REASON_CHARS:
-        reason = reason[: _MAX_REASON_CHARS - 3] + "..."
+    reason = _cut(reason, _MAX_REASON_BYTES)
     metadata = {
         SOURCE_TOPIC: topic,
         SOURCE_SUBSCRIPTION: subscription,

@@ -1,30 +1,56 @@
-"""The subscriber's flow controller: how much may be read and run now.
+"""The subscriber's flow controller: how much may be read, held and run now.
 
-A message is *outstanding* from the moment it is read until it is acked,
-nacked, dead-lettered or released. Reads in flight reserve their share of
-``max_messages`` minus what is outstanding, so together they never ask for
-more. A read over P partitions asks at least one per partition, so when fewer
-than P slots are free up to P-1 more may be read; and the reclaimer may take
-free slots that an idle, blocked read holds. Such extras wait on hold: the
-limit that always holds exactly is the one on running handlers. A read message
-starts (its handler runs) only while
-fewer than ``max_messages`` run and its bytes fit under ``max_bytes``; one that
-does not fit waits on hold, in arrival order. A message larger than
-``max_bytes`` starts once nothing else runs, so it cannot stall the
-subscription.
+A message is *outstanding* from the moment it is read (or reclaimed) until it is
+acked, nacked, dead-lettered or released. Before a read or a reclaim is sent it
+*reserves* its share of the budget, in messages and in bytes, so that reads and
+reclaims in flight together never ask for more than what is free.
+
+The bounds, exactly:
+
+- **messages**: outstanding messages plus reservations never exceed
+  ``max_messages``. A read asks the server for no more than it reserved (it
+  reads fewer partitions when it may take fewer messages than there are
+  partitions), so the bound holds for what is held, not only for what runs.
+- **bytes**: the server cannot be asked for bytes, only for a count, so a read
+  reserves ``count * estimate`` bytes, where the estimate is the mean size of
+  the messages the previous read returned. Before any message was seen the
+  estimate is ``max_bytes``: the first read asks for one message. Outstanding
+  bytes plus reserved bytes stay under ``max_bytes`` at the estimate; what is
+  held can exceed ``max_bytes`` only by how much the messages of the reads in
+  flight exceed the estimate (not at all when sizes are even). One message
+  larger than ``max_bytes`` is still read, alone, once nothing else is
+  outstanding, so it cannot stall the subscription.
+- **running**: a held message starts (its handler runs) only while fewer than
+  ``max_messages`` run and its bytes fit under ``max_bytes``; the others wait on
+  hold in arrival order.
+
+The reclaimer reserves like a reader. Idle reads hold their reservation while
+the server blocks them, so a reclaimer that finds no room asks for *priority*:
+readers are then refused until the reclaimer has reserved (they give their
+reservation back when their blocked read ends).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Generic, TypeVar
+from collections.abc import Sequence
+from typing import Generic, NamedTuple, TypeVar
 
 from .._settings import FlowControl
 
-__all__ = ["FlowController", "FlowStatistics"]
+__all__ = ["FlowController", "FlowStatistics", "Grant"]
 
 T = TypeVar("T")
+
+class Grant(NamedTuple):
+    """A reservation for one read or reclaim: messages, and bytes at the estimate."""
+
+    messages: int
+    bytes: int
+
+
+NO_GRANT = Grant(0, 0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,20 +58,25 @@ class FlowStatistics:
     """A snapshot of the flow controller."""
 
     outstanding_messages: int
+    outstanding_bytes: int
     running_messages: int
     running_bytes: int
     on_hold: int
 
 
 class FlowController(Generic[T]):
-    """Counts outstanding messages and bytes; holds messages that do not fit."""
+    """Counts outstanding and running messages and bytes; holds what cannot run."""
 
     __slots__ = (
+        "_estimate",
         "_hold",
         "_max_bytes",
         "_max_messages",
         "_outstanding",
+        "_outstanding_bytes",
+        "_priority",
         "_reserved",
+        "_reserved_bytes",
         "_running",
         "_running_bytes",
     )
@@ -54,32 +85,75 @@ class FlowController(Generic[T]):
         self._max_messages = settings.max_messages
         self._max_bytes = settings.max_bytes
         self._outstanding = 0
+        self._outstanding_bytes = 0
         self._reserved = 0
+        self._reserved_bytes = 0
         self._running = 0
         self._running_bytes = 0
+        self._estimate = settings.max_bytes  # until a read shows the real size
+        self._priority = False
         self._hold: collections.deque[tuple[T, int]] = collections.deque()
 
-    def read_budget(self) -> int:
-        """How many messages a read may ask for now."""
-        return self._max_messages - self._outstanding - self._reserved
+    @property
+    def size_estimate(self) -> int:
+        """Bytes per message that reservations assume."""
+        return self._estimate
 
-    def free(self) -> int:
-        """Slots not taken by outstanding messages, reservations aside: what the
-        reclaimer may take while reads wait on an idle server."""
-        return self._max_messages - self._outstanding
+    @property
+    def idle(self) -> bool:
+        """Nothing outstanding and nothing reserved."""
+        return self._outstanding == 0 and self._reserved == 0
 
-    def reserve(self, wanted: int) -> int:
-        """Set aside up to ``wanted`` of the budget for a read about to be sent, so
-        that reads in flight together never ask for more than the budget."""
-        granted = max(0, min(wanted, self.read_budget()))
-        self._reserved += granted
-        return granted
+    def reserve(self, wanted: int, *, priority: bool = False) -> Grant:
+        """Set aside up to ``wanted`` messages (and their bytes at the estimate) for a
+        read or reclaim about to be sent. Returns ``Grant(0, 0)`` when nothing fits.
 
-    def received(self, items: list[tuple[T, int]], *, reserved: int = 0) -> list[T]:
-        """Count read messages (item, size) as outstanding, releasing the read's
-        reservation; return those that start now."""
-        self._reserved -= reserved
-        self._outstanding += len(items)
+        While a ``priority`` caller (the reclaimer) waits, others are refused.
+        """
+        if self._priority and not priority:
+            return NO_GRANT
+        free = self._max_messages - self._outstanding - self._reserved
+        free_bytes = self._max_bytes - self._outstanding_bytes - self._reserved_bytes
+        count = min(wanted, free, free_bytes // self._estimate)
+        if count <= 0:
+            if not (wanted > 0 and self.idle):
+                return NO_GRANT
+            count = 1  # a message larger than max_bytes still flows, alone
+        grant = Grant(count, count * self._estimate)
+        self._reserved += grant.messages
+        self._reserved_bytes += grant.bytes
+        if priority:
+            self._priority = False
+        return grant
+
+    def want_priority(self) -> None:
+        """A priority caller found no room: refuse the others until it has reserved."""
+        self._priority = True
+
+    def unreserve(self, grant: Grant) -> None:
+        """Give back a reservation whose read returned nothing or failed."""
+        self._reserved -= grant.messages
+        self._reserved_bytes -= grant.bytes
+
+    def received(
+        self,
+        items: Sequence[tuple[T, int]],
+        grant: Grant = NO_GRANT,
+        *,
+        aside: Sequence[int] = (),
+    ) -> list[T]:
+        """Count read messages ``(item, size)`` as outstanding, releasing ``grant``;
+        return those that start now. ``aside`` are sizes of messages held without a
+        handler (to be dead-lettered): outstanding until ``finished(started=False)``.
+        """
+        self._reserved -= grant.messages
+        self._reserved_bytes -= grant.bytes
+        total = sum(size for _, size in items) + sum(aside)
+        count = len(items) + len(aside)
+        self._outstanding += count
+        self._outstanding_bytes += total
+        if count:
+            self._estimate = max(1, total // count)
         if not self._hold:  # the usual case: all of them fit, start them as they are
             running = self._running + len(items)
             running_bytes = self._running_bytes + sum(size for _, size in items)
@@ -94,6 +168,7 @@ class FlowController(Generic[T]):
     def finished(self, size: int, *, started: bool = True) -> list[T]:
         """One outstanding message of ``size`` is done; return messages that start now."""
         self._outstanding -= 1
+        self._outstanding_bytes -= size
         if started:
             self._running -= 1
             self._running_bytes -= size
@@ -101,12 +176,9 @@ class FlowController(Generic[T]):
             return []
         return self._admit()
 
-    def unreserve(self, reserved: int) -> None:
-        """Give back a reservation whose read failed."""
-        self._reserved -= reserved
-
     def drain_hold(self) -> list[T]:
-        """Take every message on hold (to release them at shutdown); they stay outstanding."""
+        """Take every message on hold (to release them at shutdown); they stay
+        outstanding until ``finished(started=False)``."""
         items = [item for item, _ in self._hold]
         self._hold.clear()
         return items
@@ -114,7 +186,11 @@ class FlowController(Generic[T]):
     def statistics(self) -> FlowStatistics:
         """A snapshot of the counts."""
         return FlowStatistics(
-            self._outstanding, self._running, self._running_bytes, len(self._hold)
+            self._outstanding,
+            self._outstanding_bytes,
+            self._running,
+            self._running_bytes,
+            len(self._hold),
         )
 
     def _admit(self) -> list[T]:

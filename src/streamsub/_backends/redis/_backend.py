@@ -23,12 +23,14 @@ from ..._errors import (
     BackendError,
     InvalidArgumentError,
     ResourceExhaustedError,
+    SubscriptionNotFoundError,
     TopicNotFoundError,
     UnavailableError,
 )
 from ..base import (
     Entry,
     GroupInfo,
+    NackItem,
     Reclaimed,
     ReclaimState,
     ServerInfo,
@@ -70,6 +72,14 @@ def redact(url: str) -> str:
 
 def _retention_json(retention: Retention | None) -> str:
     return "" if retention is None else json.dumps(retention.to_dict(), sort_keys=True)
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _is_missing(exc: Exception) -> bool:
+    """A reply error that says the stream or the group does not exist."""
+    text = str(exc)
+    return text.startswith("NOGROUP") or "no such key" in text.lower()
 
 
 def _raw(response: Any, **_: Any) -> Any:
@@ -160,6 +170,11 @@ class RedisBackend:
                 raise TopicNotFoundError(
                     f"a topic was deleted while in use ({exc}): create it again with "
                     "create_topic() before publishing"
+                ) from exc
+            if str(exc).startswith("NOGROUP"):
+                raise SubscriptionNotFoundError(
+                    f"a subscription's consumer group is gone ({exc}): the subscription or "
+                    "its topic was deleted; create it again with create_subscription()"
                 ) from exc
             raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
         except rexc.RedisError as exc:
@@ -330,7 +345,12 @@ class RedisBackend:
                     )
                 pipe.delete(_keys.subscription_key(record.name))
                 pipe.srem(_keys.SUBSCRIPTIONS, record.name)
-                await pipe.execute(raise_on_error=False)
+                results = await pipe.execute(raise_on_error=False)
+            # A partition whose stream or group is already gone is what deleting
+            # wants; any other error is the server's and is raised.
+            for result in results:
+                if isinstance(result, Exception) and not _is_missing(result):
+                    raise result
 
     async def group_info(self, topic: TopicRecord, group: str) -> list[GroupInfo]:
         keys = self._keys(topic)
@@ -340,26 +360,30 @@ class RedisBackend:
                     pipe.xlen(key)
                     pipe.xinfo_groups(key)
                 results = await pipe.execute(raise_on_error=False)
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
         infos = []
         for partition in range(len(keys)):
             length, groups = results[2 * partition], results[2 * partition + 1]
-            if isinstance(length, Exception) or isinstance(groups, Exception):
-                continue
-            for g in groups:
-                name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-                if name != group:
-                    continue
-                last = g["last-delivered-id"]
-                infos.append(
-                    GroupInfo(
-                        partition=partition,
-                        length=int(length),
-                        pending=int(g["pending"]),
-                        last_delivered_id=last.decode() if isinstance(last, bytes) else last,
-                        lag=None if g.get("lag") is None else int(g["lag"]),
-                        consumers=int(g["consumers"]),
-                    )
+            found = [g for g in groups if _text(g["name"]) == group]
+            if not found:
+                raise SubscriptionNotFoundError(
+                    f"partition {partition} of topic {topic.name!r} has no consumer group "
+                    f"{group!r}: the subscription was deleted or its topic recreated; "
+                    "create the subscription again"
                 )
+            g = found[0]
+            infos.append(
+                GroupInfo(
+                    partition=partition,
+                    length=int(length),
+                    pending=int(g["pending"]),
+                    last_delivered_id=_text(g["last-delivered-id"]),
+                    lag=None if g.get("lag") is None else int(g["lag"]),
+                    consumers=int(g["consumers"]),
+                )
+            )
         return infos
 
     # --- data ------------------------------------------------------------------
@@ -415,7 +439,7 @@ class RedisBackend:
         consumer: str,
         partitions: Sequence[int],
         count: int,
-        block_ms: int,
+        block_ms: int | None,
     ) -> list[Entry]:
         keys = self._keys(topic)
         streams = {keys[p]: ">" for p in partitions}
@@ -481,14 +505,20 @@ class RedisBackend:
         topic: TopicRecord,
         group: str,
         consumer: str,
-        items: Mapping[int, Sequence[tuple[str, int, int, bool]]],
+        items: Mapping[int, Sequence[NackItem]],
         min_idle_ms: int,
     ) -> dict[int, list[str]]:
         calls = []
         for partition, entries in items.items():
             args: list[Any] = [group, consumer, min_idle_ms]
-            for entry_id, delay_ms, delivered_ms, delivered in entries:
-                args += (entry_id, delay_ms, delivered_ms, 1 if delivered else 0)
+            for item in entries:
+                args += (
+                    item.entry_id,
+                    item.delay_ms,
+                    item.delivered_ms,
+                    item.attempt,
+                    1 if item.handled else 0,
+                )
             calls.append((partition, self._companions(topic, partition, group), args))
         with self._errors():
             replies = await self._evalsha_many(self._nack, calls)
@@ -541,11 +571,19 @@ class RedisBackend:
         return found, next_cursors
 
     async def ack_owned(
-        self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        ids: Mapping[int, Sequence[tuple[str, int]]],
     ) -> dict[int, list[str]]:
         calls = [
-            (p, self._companions(topic, p, group)[::2], [group, consumer, *entry_ids])
-            for p, entry_ids in ids.items()
+            (
+                p,
+                self._companions(topic, p, group)[::2],
+                [group, consumer, *(value for pair in pairs for value in pair)],
+            )
+            for p, pairs in ids.items()
         ]
         with self._errors():
             replies = await self._evalsha_many(self._ack_owned, calls)
@@ -555,6 +593,7 @@ class RedisBackend:
         self,
         topic: TopicRecord,
         group: str,
+        consumer: str,
         partition: int,
         entry_id: str,
         target: TopicRecord,
@@ -562,12 +601,13 @@ class RedisBackend:
         packed: bytes,
         first_delivery_ms: int | None,
         last_delivery_ms: int | None,
-    ) -> str:
+    ) -> str | None:
         # One server: the step is atomic. (Cluster: append, then ack.)
         stream, delays, times = self._companions(topic, partition, group)
         keys = [stream, self._keys(target)[target_partition], times, delays]
         args = [
             group,
+            consumer,
             entry_id,
             "" if first_delivery_ms is None else first_delivery_ms,
             "" if last_delivery_ms is None else last_delivery_ms,
@@ -575,6 +615,8 @@ class RedisBackend:
         ]
         with self._errors():
             new_id = await self._evalsha(self._dead_letter, keys, args)
+        if new_id is None:
+            return None
         return f"{target_partition}-{new_id.decode()}"
 
     async def delete_idle_consumers(

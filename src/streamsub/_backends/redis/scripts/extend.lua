@@ -3,6 +3,8 @@
 -- is left alone (XCLAIM with min-idle 0 would steal it back).
 -- KEYS[1]: the stream. ARGV: group, consumer, id, id, ...
 -- Returns the ids that are still this consumer's.
+-- The XCLAIM arguments are built as one table and unpacked whole: Lua cuts an
+-- unpack() in the middle of an argument list to its first value.
 local key, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local owned = {}
 for i = 3, #ARGV do
@@ -11,7 +13,12 @@ for i = 3, #ARGV do
     owned[#owned + 1] = ARGV[i]
   end
 end
-if #owned > 0 then
-  redis.call('XCLAIM', key, group, consumer, 0, unpack(owned), 'IDLE', 0, 'JUSTID')
+for first = 1, #owned, 500 do
+  local args = {'XCLAIM', key, group, consumer, 0}
+  for i = first, math.min(first + 499, #owned) do args[#args + 1] = owned[i] end
+  args[#args + 1] = 'IDLE'
+  args[#args + 1] = 0
+  args[#args + 1] = 'JUSTID'
+  redis.call(unpack(args))
 end
 return owned

@@ -1,31 +1,36 @@
--- Give back entries this consumer still owns, each after its own delay, and
--- record when it was delivered (for the dead-letter metadata).
+-- Give back entries this consumer still holds in the delivery named, each
+-- after its own delay, and record when it was delivered (for dead letters).
 -- KEYS[1]: the stream, KEYS[2]: the delay set, KEYS[3]: delivery-time records.
 -- ARGV: group, consumer, min-idle ms of the reclaimers (the ack deadline),
--- then for each entry: id, delay ms, delivery time ms, delivered (1, or 0 when
--- no handler saw it: read but given back at shutdown).
+-- then for each entry: id, delay ms, delivery time ms, delivery count of the
+-- delivery being given back, handled (1, or 0 when no handler saw it: read but
+-- given back at shutdown).
+-- An entry is touched only while this consumer owns it with that delivery
+-- count: a late nack of an older delivery never moves a newer one.
 -- A delay up to min-idle sets the idle time to (min-idle - delay), so that a
--- reclaimer takes the entry after the delay; a longer one goes in the delay set.
+-- reclaimer takes the entry after the delay; a longer one goes in the delay
+-- set, which reclaimers look up per entry (ZSCORE) before taking it.
 -- An entry no handler saw gets its delivery count back, so the reclaim that
 -- delivers it counts the same attempt again.
--- Returns the ids that were still this consumer's.
+-- Returns the ids that were given back.
 local key, delays, times = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer, min_idle = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local owned = {}
-for i = 4, #ARGV, 4 do
+local given = {}
+for i = 4, #ARGV, 5 do
   local id, delay, delivered_at = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local attempt, handled = tonumber(ARGV[i + 3]), ARGV[i + 4]
   local pending = redis.call('XPENDING', key, group, id, id, 1)
-  if pending[1] and pending[1][2] == consumer then
-    local count = pending[1][4]
+  if pending[1] and pending[1][2] == consumer and pending[1][4] == attempt then
     local idle = 0
     if delay <= min_idle then
       idle = min_idle - delay
+      redis.call('ZREM', delays, id)
     else
       redis.call('ZADD', delays, now + delay, id)
     end
-    if ARGV[i + 3] == '1' then
+    if handled == '1' then
       local record = redis.call('HGET', times, id)
       local first = delivered_at
       if record then
@@ -35,9 +40,9 @@ for i = 4, #ARGV, 4 do
       redis.call('XCLAIM', key, group, consumer, 0, id, 'IDLE', idle, 'JUSTID')
     else
       redis.call('XCLAIM', key, group, consumer, 0, id, 'IDLE', idle,
-        'RETRYCOUNT', math.max(0, count - 1), 'JUSTID')
+        'RETRYCOUNT', math.max(0, attempt - 1), 'JUSTID')
     end
-    owned[#owned + 1] = id
+    given[#given + 1] = id
   end
 end
-return owned
+return given

@@ -1,11 +1,15 @@
 -- Claim, for this consumer, the entries of one partition idle for at least
 -- min-idle: a crashed or hung consumer's, or nacked ones whose backoff passed.
 -- KEYS[1]: the stream, KEYS[2]: the subscription's delay set (nacks delayed
--- longer than min-idle), KEYS[3]: its delivery-time records.
+-- longer than min-idle; score = when due, ms), KEYS[3]: its delivery-time
+-- records.
 -- ARGV: group, consumer, min-idle ms, start ("-" on a sweep's first call, then
 -- the cursor returned), count, max delivery attempts (0 = no limit), ids to
 -- leave alone, separated by spaces (this consumer's handlers still hold them
 -- though their leases ended: claiming them would count a delivery that is not).
+-- A nack delayed past min-idle is recognised by one ZSCORE of its id: while
+-- its time has not come it is skipped, when it has, it is taken and leaves the
+-- delay set. Waiting entries are neither read in bulk nor refreshed.
 -- Returns {cursor ("0-0" when done), items}; each item is
 -- {id, fields or false, delivery count, first delivery ms, last delivery ms, state}
 -- with state 0 = deliver (its count was incremented), 1 = exhausted (held for
@@ -19,24 +23,16 @@ for id in string.gmatch(ARGV[7] or '', '%S+') do skip[id] = true end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
-if start == '-' then
-  -- Delayed nacks: release those that are due, keep the rest from going idle.
-  local due = redis.call('ZRANGEBYSCORE', delays, '-inf', now)
-  for _, id in ipairs(due) do
-    redis.call('ZREM', delays, id)
-    redis.call('XCLAIM', key, group, consumer, 0, id, 'IDLE', min_idle, 'JUSTID')
-  end
-  local waiting = redis.call('ZRANGEBYSCORE', delays, '(' .. now, '+inf')
-  for i = 1, #waiting, 100 do
-    redis.call('XCLAIM', key, group, consumer, 0,
-      unpack(waiting, i, math.min(i + 99, #waiting)), 'IDLE', 0, 'JUSTID')
-  end
-end
-
 local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, '+', count)
 local items = {}
 for _, p in ipairs(pending) do
   local id, idle, delivered = p[1], p[3], p[4]
+  local due = redis.call('ZSCORE', delays, id)
+  if due and tonumber(due) > now then
+    skip[id] = true
+  elseif due then
+    redis.call('ZREM', delays, id)
+  end
   if not skip[id] then
     local record = redis.call('HGET', times, id)
     local first, last = now - idle, now - idle

@@ -1,0 +1,124 @@
+"""The dispatcher: runs each message's handler in an asyncio task of its own.
+
+Each handler is a real task, so ``asyncio.timeout``, ``TaskGroup``, anyio
+cancel scopes (httpx) and context variables behave inside it exactly as in any
+task. A plain ``def`` handler runs in a thread pool (its context copied in);
+whatever it returns that is awaitable (``lambda m: work(m)`` over an
+``async def work``, a decorator returning a plain function) is awaited on the
+loop, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import inspect
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._message import Message
+
+__all__ = ["DEFAULT_HANDLER_THREADS", "Dispatcher", "Handler", "is_async_handler"]
+
+Handler = Callable[[Message], Awaitable[None]] | Callable[[Message], None]
+
+DEFAULT_HANDLER_THREADS = min(32, (os.cpu_count() or 1) + 4)
+"""Threads for plain ``def`` handlers: the standard library's default pool size."""
+
+
+def is_async_handler(handler: Callable[..., Any]) -> bool:
+    """Whether calling ``handler`` gives a coroutine (``async def``, a partial of
+    one, or an object with an ``async def __call__``)."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
+    )
+
+
+class Dispatcher:
+    """Starts handlers and reports each outcome to ``done(message, error)``."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        done: Callable[[Message, BaseException | None], None],
+        threads: int = DEFAULT_HANDLER_THREADS,
+    ) -> None:
+        self._handler = handler
+        self._done = done
+        self._is_async = is_async_handler(handler)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads = threads
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def running(self) -> int:
+        """Handlers running now."""
+        return len(self._tasks)
+
+    def start(self, messages: list[Message]) -> None:
+        """Start a handler task for each message."""
+        loop = asyncio.get_running_loop()
+        run = self._run_async if self._is_async else self._run_sync
+        tasks = self._tasks
+        for message in messages:
+            message._started = True
+            task = loop.create_task(run(message))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _run_async(self, message: Message) -> None:
+        try:
+            await self._handler(message)  # type: ignore[misc]
+        except asyncio.CancelledError as exc:
+            if _cancelled_by_owner():
+                raise
+            self._done(message, exc)
+        except Exception as exc:
+            self._done(message, exc)
+        else:
+            self._done(message, None)
+
+    async def _run_sync(self, message: Message) -> None:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix="streamsub-handler"
+            )
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, self._handler, message)
+        try:
+            result = await loop.run_in_executor(self._executor, call)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError as exc:
+            if _cancelled_by_owner():
+                raise
+            self._done(message, exc)
+        except Exception as exc:
+            self._done(message, exc)
+        else:
+            self._done(message, None)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for running handlers; cancel the rest."""
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=max(0.0, timeout))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    def close(self) -> None:
+        """Let go of the thread pool (threads still in a handler finish on their own)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _cancelled_by_owner() -> bool:
+    """Whether the running task was cancelled from outside (shutdown), rather than
+    a handler raising CancelledError of its own."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

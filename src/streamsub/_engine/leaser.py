@@ -1,0 +1,84 @@
+"""The leaser: keeps the messages in hand from going idle.
+
+Three times per ack deadline it resets the idle time of every held message
+whose lease has not ended (owner-checked, so a message another subscriber has
+taken meanwhile is dropped from the book, never taken back). It keeps running
+while handlers finish at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from .._backends.base import Backend, TopicRecord
+from .._errors import NotFoundError, StreamsubError
+from ._inventory import Inventory
+
+__all__ = ["Leaser"]
+
+log = logging.getLogger("streamsub")
+
+
+class Leaser:
+    """Extends the leases the inventory's lease book says are due."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        inventory: Inventory,
+    ) -> None:
+        self._backend = backend
+        self._topic = topic
+        self._group = group
+        self._consumer = consumer
+        self._inventory = inventory
+
+    async def run(self) -> None:
+        leases = self._inventory.leases
+        while True:
+            await asyncio.sleep(leases.extend_interval)
+            await self.extend_due()
+
+    async def extend_due(self) -> None:
+        """Extend every lease that is due; forget those that ended or were lost."""
+        leases = self._inventory.leases
+        due = leases.due(self._inventory.now())
+        for partition, entry_id in due.expired:
+            log.warning(
+                "streamsub: message %s-%s of %r passed its lease (max_lease_duration or "
+                "modify_ack_deadline); it is no longer extended and another subscriber "
+                "may receive it",
+                partition,
+                entry_id,
+                self._group,
+            )
+        if not due.extend:
+            return
+        ids: dict[int, list[str]] = collections.defaultdict(list)
+        for partition, entry_id in due.extend:
+            ids[partition].append(entry_id)
+        try:
+            owned = await self._backend.extend(self._topic, self._group, self._consumer, ids)
+        except NotFoundError:
+            raise
+        except StreamsubError as exc:
+            log.warning("streamsub: extending leases failed: %s", exc)
+            return
+        for partition, entry_ids in ids.items():
+            still = set(owned.get(partition, ()))
+            for entry_id in entry_ids:
+                if entry_id not in still:
+                    log.warning(
+                        "streamsub: message %s-%s of %r was taken by another subscriber "
+                        "while its handler ran (lease lost)",
+                        partition,
+                        entry_id,
+                        self._group,
+                    )
+                    leases.remove((partition, entry_id))

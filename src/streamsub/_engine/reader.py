@@ -1,0 +1,107 @@
+"""The reader: XREADGROUP ``>`` over a subscription's partitions.
+
+A read asks for no more than the flow-control budget it reserved: it asks each
+partition for an equal share, blocking for at most a second on an idle server
+(a finite block, so a lost connection or a stop is noticed soon). With fewer
+messages free than there are partitions it polls that many partitions at a
+time without blocking, taking turns so none starves; once a whole round found
+nothing it blocks on every partition asking one each, which can bring up to
+one per partition when several receive in the same instant (those wait on hold,
+counted in flow control). Several readers may
+run at once, each with its own reservation: one is parsed and handled while
+the server serves the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._backends.base import Backend, Entry, TopicRecord
+from .._core.flow import Grant
+from .._errors import NotFoundError, StreamsubError
+from ._inventory import Inventory
+from ._retrying import Backoff
+
+__all__ = ["READ_BLOCK_MS", "Reader"]
+
+READ_BLOCK_MS = 1000
+"""How long a read waits on an idle server: short, so a stop ends it soon."""
+
+
+class Reader:
+    """Reads new entries for one consumer and hands them to ``deliver``."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        inventory: Inventory,
+        deliver: Callable[[list[Entry], Grant], None],
+        share: int,
+        first_partition: int = 0,
+    ) -> None:
+        self._backend = backend
+        self._topic = topic
+        self._group = group
+        self._consumer = consumer
+        self._inventory = inventory
+        self._deliver = deliver
+        self._share = share
+        self._next = first_partition % topic.partitions
+        self._polled_empty = 0
+        """Partitions polled without finding anything since the last entry."""
+        self._stopping = False
+        self.reading = False
+        """True while a read is at the server (stop lets it finish, not cancels it)."""
+
+    def stop(self) -> None:
+        """Send no more reads."""
+        self._stopping = True
+
+    def _plan(self, wanted: int) -> tuple[list[int], int, int | None]:
+        """Which partitions to read, how many entries to ask each for, and how long
+        to block (None: answer at once)."""
+        total = self._topic.partitions
+        if wanted >= total:
+            return list(range(total)), wanted // total, READ_BLOCK_MS
+        if self._polled_empty >= total:
+            self._polled_empty = 0
+            return list(range(total)), 1, READ_BLOCK_MS
+        first = self._next
+        self._next = (first + wanted) % total
+        self._polled_empty += wanted
+        return [(first + i) % total for i in range(wanted)], 1, None
+
+    async def run(self) -> None:
+        errors = Backoff()
+        inventory = self._inventory
+        while not self._stopping:
+            grant = await inventory.reserve(self._share)
+            if self._stopping:
+                inventory.unreserve(grant)
+                return
+            partitions, count, block_ms = self._plan(grant.messages)
+            self.reading = True
+            try:
+                entries = await self._backend.read(
+                    self._topic, self._group, self._consumer, partitions, count, block_ms
+                )
+            except BaseException as exc:
+                self.reading = False
+                inventory.unreserve(grant)
+                if not isinstance(exc, StreamsubError) or isinstance(exc, NotFoundError):
+                    raise  # NotFoundError: the subscription is gone, for good
+                if self._stopping:
+                    return
+                await errors.wait("reading", exc)
+                continue
+            self.reading = False
+            errors.reset()
+            if entries:
+                self._polled_empty = 0
+                self._deliver(entries, grant)
+            else:
+                inventory.unreserve(grant)

@@ -1,0 +1,178 @@
+"""The reclaimer: takes over entries idle for the ack deadline.
+
+Those are a crashed or stuck consumer's messages, nacked ones whose backoff has
+passed, and entries out of delivery attempts (dead-lettered). It sweeps every
+quarter ack deadline, so a crashed consumer's messages come back within 1.25
+ack deadlines, and sooner when a nack is due. It reserves flow-control budget
+like a reader, asking for priority when idle reads hold it all; the entries its
+own handlers still hold are left alone. Every so often it also deletes the
+group's consumers that are idle and hold nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from .._backends.base import Backend, Reclaimed, TopicRecord
+from .._core.flow import Grant
+from .._errors import NotFoundError, StreamsubError
+from ._inventory import Counters, Inventory
+from ._retrying import Backoff
+
+__all__ = ["Reclaimer"]
+
+log = logging.getLogger("streamsub")
+
+RECLAIM_BATCH = 100
+"""Entries claimed per partition per call, at most."""
+CONSUMER_SWEEP_EVERY = 60.0
+"""Seconds between looks for idle, empty consumers to delete (or half the
+consumer expiry, when that is shorter)."""
+
+
+class Reclaimer:
+    """Sweeps the subscription's pending entries for idle ones."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        inventory: Inventory,
+        counters: Counters,
+        deliver: Callable[[Sequence[Reclaimed], Grant], None],
+        ack_deadline: float,
+        max_attempts: int,
+        consumer_expiry: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._backend = backend
+        self._topic = topic
+        self._group = group
+        self._consumer = consumer
+        self._inventory = inventory
+        self._counters = counters
+        self._deliver = deliver
+        self._min_idle_ms = int(ack_deadline * 1000)
+        self._interval = ack_deadline / 4
+        self._max_attempts = max_attempts
+        self._consumer_expiry = consumer_expiry
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._due: float | None = None
+        self._stopping = False
+        self.at_server = False
+        """True while a reclaim call is at the server (stop lets it finish)."""
+
+    def wake_in(self, seconds: float) -> None:
+        """Sweep ``seconds`` from now (a nack is due then), unless sooner already."""
+        if self._stopping:
+            return
+        due = self._clock() + seconds
+        if self._due is None or due < self._due:
+            self._due = due
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Start no more sweeps."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        errors = Backoff()
+        sweep_consumers_every = min(CONSUMER_SWEEP_EVERY, self._consumer_expiry / 2)
+        next_consumer_sweep = self._clock() + sweep_consumers_every
+        next_sweep = self._clock()  # at start: take over what others gave back
+        while not self._stopping:
+            now = self._clock()
+            sweep_at = next_sweep if self._due is None else min(next_sweep, self._due)
+            if min(sweep_at, next_consumer_sweep) > now:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wake.wait(), min(sweep_at, next_consumer_sweep) - now
+                    )
+                continue
+            try:
+                if sweep_at <= now:
+                    next_sweep = now + self._interval
+                    if self._due is not None and self._due <= now:
+                        self._due = None
+                    await self.sweep()
+                if self._clock() >= next_consumer_sweep:
+                    next_consumer_sweep = self._clock() + sweep_consumers_every
+                    await self._delete_idle_consumers()
+            except NotFoundError:
+                raise
+            except StreamsubError as exc:
+                if self._stopping:
+                    return
+                await errors.wait("reclaiming", exc)
+                continue
+            errors.reset()
+
+    async def sweep(self) -> None:
+        """One pass over every partition's idle pending entries."""
+        max_attempts = self._max_attempts
+        inventory = self._inventory
+        cursors = dict.fromkeys(range(self._topic.partitions), "-")
+        while cursors and not self._stopping:
+            grant = await inventory.reserve(RECLAIM_BATCH * len(cursors), priority=True)
+            if grant.messages < len(cursors):  # room for a few: that many partitions
+                batch = dict(list(cursors.items())[: grant.messages])
+                count = 1
+            else:
+                batch = cursors
+                count = min(RECLAIM_BATCH, grant.messages // len(cursors))
+            self.at_server = True
+            try:
+                found, next_cursors = await self._backend.reclaim(
+                    self._topic,
+                    self._group,
+                    self._consumer,
+                    batch,
+                    self._min_idle_ms,
+                    count,
+                    max_attempts,
+                    # What our handlers still hold is ours, leased or not: claiming
+                    # it again would count a delivery that does not happen.
+                    inventory.held_ids(),
+                )
+            except BaseException:
+                inventory.unreserve(grant)
+                raise
+            finally:
+                self.at_server = False
+            taken: list[Reclaimed] = []
+            for item in found:
+                entry = item.entry
+                if item.state == "lost":
+                    self._counters.lost += 1
+                    log.error(
+                        "streamsub: message %s-%s of %r was trimmed before it was acknowledged "
+                        "and is lost",
+                        entry.partition,
+                        entry.entry_id,
+                        self._group,
+                    )
+                else:
+                    taken.append(item)
+            self._deliver(taken, grant)
+            cursors.update(next_cursors)
+            cursors = {p: c for p, c in cursors.items() if c != "0-0"}
+
+    async def _delete_idle_consumers(self) -> None:
+        deleted = await self._backend.delete_idle_consumers(
+            self._topic, self._group, self._consumer, int(self._consumer_expiry * 1000)
+        )
+        if deleted:
+            log.info(
+                "streamsub: deleted idle consumers of %r that held nothing: %s",
+                self._group,
+                ", ".join(deleted),
+            )

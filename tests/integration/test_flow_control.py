@@ -1,0 +1,80 @@
+"""Flow control bounds what a subscriber holds in bytes, not only in messages."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+import streamsub
+from tests._wait import until
+
+
+async def test_held_bytes_stay_under_max_bytes_with_large_messages(
+    client: streamsub.Client,
+) -> None:
+    """200 KB messages over 4 partitions with max_bytes of 1 MB: however many wait
+    in Redis, what the subscriber holds never passes 1 MB (messages read and not
+    yet settled, on hold or running)."""
+    await client.create_topic("large", partitions=4)
+    await client.create_subscription("large-sub", topic="large")
+    await client.publish_many(
+        "large",
+        [
+            streamsub.OutgoingMessage(data=bytes([i]) * 200_000, ordering_key=f"k{i}")
+            for i in range(40)
+        ],
+    )
+    release = asyncio.Event()
+    handled = 0
+
+    async def handler(message: streamsub.Message) -> None:
+        nonlocal handled
+        await release.wait()
+        handled += 1
+
+    held: list[int] = []
+    flow = streamsub.FlowControl(max_messages=1000, max_bytes=1_000_000)
+    async with client.subscribe("large-sub", handler, flow_control=flow) as sub:
+        for _ in range(20):
+            held.append(sub.statistics().flow.outstanding_bytes)
+            await asyncio.sleep(0.05)
+        release.set()
+
+        def sample() -> bool:
+            held.append(sub.statistics().flow.outstanding_bytes)
+            return sub.statistics().acked == 40
+
+        await until(sample, 20, "all 40 acked")
+    assert max(held) <= 1_000_000, max(held)
+    assert max(held) >= 800_000  # the budget was used, not starved
+    assert handled == 40
+
+
+async def test_delete_subscription_raises_what_the_server_refused(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """delete_subscription reports a server error (here a partition key of the
+    wrong type) instead of swallowing it; a missing group is no error."""
+    await client.create_topic("broken", partitions=3)
+    await client.create_subscription("broken-sub", topic="broken")
+    await client.create_subscription("broken-sub2", topic="broken")
+    redis_client.xgroup_destroy("ss:{broken.0}", "broken-sub2")
+    await client.delete_subscription("broken-sub2")  # one group already gone: fine
+    redis_client.delete("ss:{broken.1}")
+    redis_client.set("ss:{broken.1}", "not a stream")
+    with pytest.raises(streamsub.BackendError, match="WRONGTYPE"):
+        await client.delete_subscription("broken-sub")
+
+
+async def test_subscription_stats_fail_loudly_on_a_partition_without_its_group(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """subscription_stats does not silently sum fewer partitions: a partition whose
+    group is gone is a SubscriptionNotFoundError naming it."""
+    await client.create_topic("partial", partitions=4)
+    await client.create_subscription("partial-sub", topic="partial")
+    redis_client.xgroup_destroy("ss:{partial.2}", "partial-sub")
+    with pytest.raises(streamsub.SubscriptionNotFoundError, match="partition 2"):
+        await client.subscription_stats("partial-sub")
