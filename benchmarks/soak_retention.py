@@ -61,7 +61,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, object]:
         published = 0
         async with client.subscribe(
             "soak-sub", handle, flow_control=streamsub.FlowControl(max_messages=5000)
-        ):
+        ) as subscriber:
             while published < args.messages:
                 # Polling the handler's counter: an Event set per message costs more.
                 while published - handled > args.max_backlog:  # noqa: ASYNC110
@@ -71,6 +71,7 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, object]:
                 published += count
             while handled < args.messages:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
+            lost = subscriber.statistics().lost
         elapsed = time.monotonic() - started
         # One last pass, as a trimmer would make within an interval.
         await client.enforce_retention("soak")
@@ -96,6 +97,8 @@ async def soak(args: argparse.Namespace, url: str) -> dict[str, object]:
         "final_stream_entries": final_length,
         "final_stream_memory": stats.topics[0].memory_bytes,
         "dropped_unacked": stats.topics[0].dropped_unacked,
+        "handled": handled,
+        "lost": lost,
         "samples": samples,
     }
 
@@ -126,7 +129,8 @@ def main() -> None:
         f"  stream entries: peak {result['peak_stream_entries']:,}, "
         f"final {result['final_stream_entries']:,}; final stream memory "
         f"{int(result['final_stream_memory'] or 0) / mib:.1f} MiB; "  # type: ignore[call-overload]
-        f"dropped unacked {result['dropped_unacked']}"
+        f"dropped unacked {result['dropped_unacked']}; handled {result['handled']:,} "
+        f"(lost: {result['lost']})"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
