@@ -27,6 +27,10 @@ from ._client import (
     connect,
 )
 from ._core.partition import fnv1a_32
+from ._core.retention import PartitionTrim, Retention, RetentionResult
+from ._core.seek import SeekResult, Snapshot
+from ._core.stats import PartitionReport, Stats, SubscriptionReport, TopicReport
+from ._engine.deadletters import DeadLetter
 from ._engine.receiver import SHUTDOWN_MARGIN, ReceiverStatistics
 from ._errors import (
     AckError,
@@ -39,6 +43,7 @@ from ._errors import (
     InvalidTypeError,
     MessageTooLargeError,
     NotFoundError,
+    ResourceExhaustedError,
     StreamsubError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
@@ -58,6 +63,7 @@ __all__ = [
     "Client",
     "ClosedError",
     "DEFAULT_URL",
+    "DeadLetter",
     "FailedPreconditionError",
     "FlowControl",
     "InvalidArgumentError",
@@ -67,16 +73,26 @@ __all__ = [
     "MessageTooLargeError",
     "NotFoundError",
     "OutgoingMessage",
+    "PartitionReport",
+    "PartitionTrim",
     "ReceiverStatistics",
+    "ResourceExhaustedError",
+    "Retention",
+    "RetentionResult",
     "RetryPolicy",
     "SHUTDOWN_MARGIN",
+    "SeekResult",
+    "Snapshot",
+    "Stats",
     "StreamsubError",
     "Subscriber",
     "Subscription",
     "SubscriptionNotFoundError",
+    "SubscriptionReport",
     "SubscriptionStats",
     "Topic",
     "TopicNotFoundError",
+    "TopicReport",
     "UnavailableError",
     "__version__",
     "connect",

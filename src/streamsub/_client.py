@@ -14,18 +14,28 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
-from ._backends.base import Backend, GroupInfo, SubscriptionRecord, TopicRecord
+from . import metrics, tracing
+from ._backends.base import Backend, GroupInfo, SnapshotRecord, SubscriptionRecord, TopicRecord
 from ._core.codec import Encoded, encode
 from ._core.names import check_name
+from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
+from ._core.seek import SeekResult, Snapshot, is_snapshot_name
+from ._core.stats import Stats
+from ._engine import deadletters
+from ._engine.deadletters import DeadLetter
 from ._engine.dispatcher import DEFAULT_HANDLER_THREADS
 from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
+from ._engine.seek import seek, take_snapshot
+from ._engine.stats import collect_stats
+from ._engine.trimmer import Trimmer, enforce_retention, live_snapshots
 from ._errors import (
     AlreadyExistsError,
     ClosedError,
     FailedPreconditionError,
     InvalidArgumentError,
     InvalidTypeError,
+    NotFoundError,
     StreamsubError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
@@ -68,11 +78,13 @@ log = logging.getLogger("streamsub")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Topic:
-    """A topic: its name, partition count and creation time."""
+    """A topic: its name, partition count, creation time and retention policy."""
 
     name: str
     partitions: int
     created: datetime.datetime
+    retention: Retention | None = None
+    """None: every message is kept until the topic is deleted."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,7 +124,7 @@ def _utc(seconds: float) -> datetime.datetime:
 
 
 def _topic(record: TopicRecord) -> Topic:
-    return Topic(record.name, record.partitions, _utc(record.created))
+    return Topic(record.name, record.partitions, _utc(record.created), record.retention)
 
 
 def _subscription(record: SubscriptionRecord) -> Subscription:
@@ -132,6 +144,17 @@ def _subscription(record: SubscriptionRecord) -> Subscription:
     )
 
 
+def _snapshot(record: SnapshotRecord) -> Snapshot:
+    return Snapshot(
+        record.name, record.subscription, record.topic, _utc(record.created), _utc(record.expires)
+    )
+
+
+def _check_retention(retention: object) -> None:
+    if retention is not None and not isinstance(retention, Retention):
+        raise InvalidTypeError(
+            f"retention must be a streamsub.Retention or None, got {retention!r}"
+        )
 _subscriber_numbers = itertools.count(1)
 
 
@@ -147,18 +170,30 @@ def connect(
     batch_settings: BatchSettings | None = None,
     limits: Limits | None = None,
     backend: Backend | None = None,
+    trim_in_background: bool = True,
+    retention_interval: float = DEFAULT_RETENTION_INTERVAL,
 ) -> Client:
     """A client for the server at ``url`` (default: ``$STREAMSUB_URL``, else
     ``redis://localhost:6379/0``); use it as ``async with connect(...) as client``.
 
     URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS,
     ``unix:///path/to/redis.sock``. Pass ``backend`` to use another backend.
+    With ``trim_in_background`` (default True) the client enforces the
+    retention of the topics it publishes to and of the subscriptions it
+    subscribes to (their topics and dead-letter topics) every
+    ``retention_interval`` seconds (default 5), one client per topic at a time.
     """
     if backend is None:
         from ._backends.redis import RedisBackend
 
         backend = RedisBackend(url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL)
-    return Client(backend, batch_settings=batch_settings, limits=limits)
+    return Client(
+        backend,
+        batch_settings=batch_settings,
+        limits=limits,
+        trim_in_background=trim_in_background,
+        retention_interval=retention_interval,
+    )
 
 
 class Client:
@@ -170,8 +205,21 @@ class Client:
         *,
         batch_settings: BatchSettings | None = None,
         limits: Limits | None = None,
+        trim_in_background: bool = True,
+        retention_interval: float = DEFAULT_RETENTION_INTERVAL,
     ) -> None:
+        if (
+            isinstance(retention_interval, bool)
+            or not isinstance(retention_interval, int | float)
+            or not 0 < retention_interval <= 3600
+        ):
+            raise InvalidArgumentError(
+                f"retention_interval must be seconds > 0 and <= 3600, got {retention_interval!r}"
+            )
         self._backend = backend
+        self._trimmer = (
+            Trimmer(backend, interval=retention_interval) if trim_in_background else None
+        )
         self._batch_settings = batch_settings or BatchSettings()
         self._limits = limits or Limits()
         self._publishers: dict[str, TopicPublisher] = {}
@@ -186,7 +234,19 @@ class Client:
 
     async def __aenter__(self) -> Self:
         await self._backend.ping()
+        await self._check_server()
         return self
+
+    async def _check_server(self) -> None:
+        info = await self._backend.server_info()
+        if info.maxmemory_policy not in (None, "noeviction"):
+            log.warning(
+                "streamsub: Redis at %s has maxmemory-policy %s: when memory is full it "
+                "deletes whole keys, so topics vanish with their subscriptions; set it to "
+                "noeviction and bound memory with streamsub.Retention",
+                self.url,
+                info.maxmemory_policy,
+            )
 
     async def __aexit__(
         self,
@@ -201,6 +261,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._trimmer is not None:
+            await self._trimmer.aclose()
         for subscriber in list(self._subscribers):
             await subscriber.stop()
         for publisher in self._publishers.values():
@@ -212,11 +274,21 @@ class Client:
             raise ClosedError("the client is closed; create a new one with streamsub.connect()")
 
     # --- topics ----------------------------------------------------------------
-    async def create_topic(self, name: str, *, partitions: int = DEFAULT_PARTITIONS) -> Topic:
-        """Create a topic with ``partitions`` partitions (default 16).
+    async def create_topic(
+        self,
+        name: str,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        retention: Retention | None = None,
+    ) -> Topic:
+        """Create a topic with ``partitions`` partitions (default 16) and a
+        ``retention`` policy (default None: keep every message).
 
-        Creating an existing topic with the same partition count does nothing;
-        with another count it raises :class:`AlreadyExistsError`.
+        Creating an existing topic with the same settings does nothing; with
+        another partition count, or another retention given explicitly, it raises
+        :class:`AlreadyExistsError`. Without ``retention`` an existing topic keeps
+        the policy it has (operators may have changed it with
+        :meth:`update_topic_retention`, which also removes one).
         """
         self._check_open()
         check_name("topic", name)
@@ -226,12 +298,18 @@ class Client:
             raise InvalidArgumentError(
                 f"partitions must be 1 to {MAX_PARTITIONS}, got {partitions}"
             )
-        wanted = TopicRecord(name, partitions, "", time.time())
+        _check_retention(retention)
+        wanted = TopicRecord(name, partitions, "", time.time(), retention)
         stored = await self._backend.create_topic(wanted)
         if stored.partitions != partitions:
             raise AlreadyExistsError(
                 f"topic {name!r} exists with partitions={stored.partitions}, not {partitions}; "
                 "use the existing count or another name"
+            )
+        if retention is not None and stored.retention != retention:
+            raise AlreadyExistsError(
+                f"topic {name!r} exists with retention={stored.retention!r}, not {retention!r}; "
+                "change it with update_topic_retention()"
             )
         return _topic(stored)
 
@@ -452,6 +530,8 @@ class Client:
             else:
                 publisher = TopicPublisher(self._backend, record, self._batch_settings)
                 self._publishers[topic] = publisher
+                if self._trimmer is not None:
+                    self._trimmer.watch_topic(topic)
                 lookup.set_result(publisher)
             finally:
                 del self._lookups[topic]
@@ -472,13 +552,18 @@ class Client:
         raises a :class:`BackendError`, the message may or may not be stored.
         """
         self._check_open()
-        encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
-        publisher = await self._publisher(topic)
-        try:
-            (message_id,) = await publisher.publish([encoded])
-        except TopicNotFoundError:
-            self._forget_publisher(publisher)
-            raise
+        with tracing.publish_span(topic, 1):
+            attributes = tracing.inject(attributes)
+            encoded = encode(
+                data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes
+            )
+            publisher = await self._publisher(topic)
+            try:
+                (message_id,) = await publisher.publish([encoded])
+            except TopicNotFoundError:
+                self._forget_publisher(publisher)
+                raise
+        metrics.on_published(topic)
         return message_id
 
     async def publish_many(
@@ -487,19 +572,30 @@ class Client:
         """Publish many messages (``OutgoingMessage`` or plain bytes); return their ids
         in order. Every message is checked before any is written."""
         self._check_open()
+        messages = list(messages)
+        with tracing.publish_span(topic, len(messages)):
+            ids = await self._publish_many(topic, messages)
+        metrics.on_published(topic, len(ids))
+        return ids
+
+    async def _publish_many(
+        self, topic: str, messages: list[OutgoingMessage | bytes]
+    ) -> list[str]:
         max_bytes = self._limits.max_message_bytes
+        # The trace context of the publish span, the same for every message.
+        context = tracing.inject({}) if tracing.ENABLED else None
         encoded: list[Encoded] = []
         for index, message in enumerate(messages):
             try:
                 if isinstance(message, OutgoingMessage):
+                    attributes = message.attributes
+                    if context and tracing.can_carry(attributes):
+                        attributes = {**(attributes or {}), **context}
                     encoded.append(
-                        encode(
-                            message.data,
-                            message.ordering_key,
-                            message.attributes,
-                            max_bytes=max_bytes,
-                        )
+                        encode(message.data, message.ordering_key, attributes, max_bytes=max_bytes)
                     )
+                elif context:
+                    encoded.append(encode(message, None, context, max_bytes=max_bytes))
                 else:
                     encoded.append(encode(message, max_bytes=max_bytes))
             except InvalidArgumentError as exc:
@@ -584,6 +680,8 @@ class Client:
             raise InvalidTypeError(
                 f"flow_control must be a streamsub.FlowControl, got {flow_control!r}"
             )
+        if self._trimmer is not None:
+            self._trimmer.watch_subscription(subscription)
         return Subscriber(
             self,
             subscription,
@@ -596,6 +694,194 @@ class Client:
             consumer_expiry=consumer_expiry,
             handler_threads=handler_threads,
         )
+
+    # --- operations: retention -------------------------------------------------
+    async def update_topic_retention(self, name: str, retention: Retention | None) -> Topic:
+        """Give topic ``name`` a new retention policy (None: keep everything);
+        trimmers apply it from their next pass."""
+        self._check_open()
+        _check_retention(retention)
+        record = await self._topic_record(name)
+        await self._backend.set_retention(record, retention)
+        return _topic(dataclasses.replace(record, retention=retention))
+
+    async def enforce_retention(self, topic: str) -> RetentionResult:
+        """Run one retention pass over ``topic`` now; return what it deleted per
+        partition. It may overlap a background pass: each partition's trim is
+        one atomic step, so nothing is deleted or counted twice."""
+        self._check_open()
+        record = await self._topic_record(topic)
+        info = await self._backend.server_info()
+        now = time.time()
+        return await enforce_retention(
+            self._backend,
+            record,
+            now=now,
+            acked_trim=info.acked_trim,
+            snapshots=await live_snapshots(self._backend, now),
+        )
+
+    async def run_retention(self, *, interval: float = DEFAULT_RETENTION_INTERVAL) -> None:
+        """Enforce the retention of every topic every ``interval`` seconds (default 5)
+        until cancelled, one trimmer per topic across processes (a lock in Redis):
+        what ``streamsub retention run`` does, for deployments that want trimming
+        in a process of its own."""
+        self._check_open()
+        await Trimmer(self._backend, interval=interval, all_topics=True).run_forever()
+
+    # --- operations: seek and snapshots ----------------------------------------
+    async def seek(self, subscription: str, *, to: datetime.datetime | str) -> SeekResult:
+        """Move ``subscription`` on every partition to ``to``: an aware ``datetime``,
+        ``"earliest"``, ``"latest"``, a message id (``"<partition>-<ms>-<seq>"``)
+        or a snapshot's name.
+
+        As in Pub/Sub, messages before the point count as acknowledged and those
+        at or after it as not acknowledged: every retained message published at
+        or after the time (or the message) is delivered again. A snapshot seek
+        goes back to the snapshot's position: the messages pending when it was
+        taken and every message published after it are delivered again, if
+        retention has not removed them; the others count as acknowledged.
+        """
+        self._check_open()
+        record = await self._subscription_record(subscription)
+        topic = await self._topic_record(record.topic)
+        snapshot = None
+        if isinstance(to, str) and is_snapshot_name(to):
+            snapshot = await self._snapshot_record(to)
+            if snapshot.topic != record.topic:
+                raise FailedPreconditionError(
+                    f"snapshot {to!r} is of topic {snapshot.topic!r}; subscription "
+                    f"{subscription!r} reads {record.topic!r}: seek only to a snapshot of its topic"
+                )
+        return await seek(self._backend, topic, subscription, to, snapshot)
+
+    async def _snapshot_record(self, name: str) -> SnapshotRecord:
+        check_name("snapshot", name)
+        snapshot = await self._backend.get_snapshot(name)
+        if snapshot is not None and snapshot.expires <= time.time():
+            await self._backend.delete_snapshot(name)
+            snapshot = None
+        if snapshot is None:
+            raise NotFoundError(
+                f"snapshot {name!r} does not exist: create it with create_snapshot({name!r}, "
+                "subscription) or `streamsub snapshot create`"
+            )
+        return snapshot
+
+    async def create_snapshot(self, name: str, subscription: str) -> Snapshot:
+        """Record ``subscription``'s acknowledgement state as snapshot ``name``: its
+        position and pending messages on every partition (at most 100,000 pending
+        per partition). For seven days, when it expires, it holds back its topic's
+        retention (but not a ``drop_unacked`` hard cap), so that a seek to it
+        finds every message it needs."""
+        self._check_open()
+        check_name("snapshot", name)
+        if not is_snapshot_name(name):
+            raise InvalidArgumentError(f"{name!r} is a seek target, not a snapshot name")
+        record = await self._subscription_record(subscription)
+        topic = await self._topic_record(record.topic)
+        snapshot = await take_snapshot(self._backend, name, topic, subscription, time.time())
+        return _snapshot(snapshot)
+
+    async def get_snapshot(self, name: str) -> Snapshot:
+        """The snapshot ``name``; raises :class:`NotFoundError` if there is none."""
+        self._check_open()
+        return _snapshot(await self._snapshot_record(name))
+
+    async def list_snapshots(self) -> list[Snapshot]:
+        """Every snapshot, sorted by name."""
+        self._check_open()
+        return [_snapshot(r) for r in await live_snapshots(self._backend, time.time())]
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Delete snapshot ``name``; raises :class:`NotFoundError` if there is none."""
+        self._check_open()
+        check_name("snapshot", name)
+        if not await self._backend.delete_snapshot(name):
+            raise NotFoundError(f"snapshot {name!r} does not exist")
+
+    # --- operations: dead letters ------------------------------------------------
+    async def _dead_letter_topic(self, subscription: str) -> TopicRecord:
+        record = await self._subscription_record(subscription)
+        name = record.settings.get("dead_letter_topic")
+        if not isinstance(name, str):
+            raise FailedPreconditionError(
+                f"subscription {subscription!r} has no dead-letter topic: nothing is "
+                "dead-lettered from it"
+            )
+        return await self._topic_record(name)
+
+    async def list_dead_letters(self, subscription: str, *, limit: int = 100) -> list[DeadLetter]:
+        """The oldest ``limit`` (default 100, at most 10,000) messages dead-lettered
+        from ``subscription``, with their metadata, without delivering them."""
+        self._check_open()
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidArgumentError(f"limit must be an int from 1 to 10000, got {limit!r}")
+        topic = await self._dead_letter_topic(subscription)
+        return await deadletters.find_dead_letters(
+            self._backend, topic, subscription, limit=limit
+        )
+
+    async def get_dead_letter(self, subscription: str, message_id: str) -> DeadLetter:
+        """One dead letter of ``subscription`` by its id in the dead-letter topic."""
+        self._check_open()
+        topic = await self._dead_letter_topic(subscription)
+        found = await deadletters.find_dead_letters(
+            self._backend, topic, subscription, limit=1, message_ids=[message_id]
+        )
+        if not found:
+            raise NotFoundError(
+                f"no dead letter {message_id!r} of subscription {subscription!r} in topic "
+                f"{topic.name!r}"
+            )
+        return found[0]
+
+    async def replay_dead_letters(
+        self,
+        subscription: str,
+        *,
+        to: str | None = None,
+        message_ids: Iterable[str] | None = None,
+    ) -> int:
+        """Publish ``subscription``'s dead letters (all, or ``message_ids``) again to
+        their source topic, or to topic ``to``, then delete them from the
+        dead-letter topic; return how many. Published to the source topic, they
+        reach every subscription of it, as a new publish does."""
+        self._check_open()
+        topic = await self._dead_letter_topic(subscription)
+        if to is not None:
+            await self._topic_record(to)
+        ids = None if message_ids is None else list(message_ids)
+        return await deadletters.replay(
+            self._backend, topic, subscription, self.publish_many, to=to, message_ids=ids
+        )
+
+    async def purge_dead_letters(
+        self, subscription: str, *, message_ids: Iterable[str] | None = None
+    ) -> int:
+        """Delete ``subscription``'s dead letters (all, or ``message_ids``); return how many."""
+        self._check_open()
+        topic = await self._dead_letter_topic(subscription)
+        ids = None if message_ids is None else list(message_ids)
+        return await deadletters.purge(self._backend, topic, subscription, message_ids=ids)
+
+    # --- operations: statistics --------------------------------------------------
+    async def stats(self, topic: str | None = None) -> Stats:
+        """Reports on every topic and subscription (or on ``topic`` and its
+        subscriptions): per topic its length, memory, publish rate and retention
+        losses; per subscription its backlog and pending per partition, oldest
+        unacknowledged age, pending per consumer, delivery-attempt distribution
+        (a sample) and dead-letter depth."""
+        self._check_open()
+        if topic is None:
+            topics = await self._backend.list_topics()
+            subscriptions = await self._backend.list_subscriptions()
+        else:
+            topics = [await self._topic_record(topic)]
+            subscriptions = await self._backend.list_subscriptions(topic)
+        names = {t.name for t in topics}
+        subscriptions = [s for s in subscriptions if s.topic in names]
+        return await collect_stats(self._backend, topics, subscriptions, now=time.time())
 
 
 class Subscriber:

@@ -16,7 +16,8 @@ are translated once, at the backend boundary, with the original kept as
     ├── ClosedError                                you closed it
     ├── AckError                                   an ack that did not take
     └── BackendError                               the world broke it
-        └── UnavailableError                       the server cannot be reached
+        ├── UnavailableError                       the server cannot be reached
+        └── ResourceExhaustedError                 the server is out of memory
 
 "Bad input", "you closed it" and "the world broke it" are different classes, so
 a caller can retry the last kind and fix the first.
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidTypeError",
     "MessageTooLargeError",
     "NotFoundError",
+    "ResourceExhaustedError",
     "StreamsubError",
     "SubscriptionNotFoundError",
     "TopicNotFoundError",
@@ -107,3 +109,8 @@ class BackendError(StreamsubError):
 
 class UnavailableError(BackendError):
     """The server cannot be reached; the message names the URL and what to try."""
+
+
+class ResourceExhaustedError(BackendError):
+    """The server refused a write for lack of memory (Redis ``OOM``): raise its
+    ``maxmemory``, or tighten the topics' retention."""

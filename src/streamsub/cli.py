@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import datetime
 import io
 import json
@@ -35,7 +36,8 @@ from types import FrameType
 from typing import IO, Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import (
     BarColumn,
     Progress,
@@ -50,13 +52,19 @@ import streamsub
 from streamsub import (
     AlreadyExistsError,
     BackendError,
+    DeadLetter,
     FailedPreconditionError,
     FlowControl,
     InvalidArgumentError,
     Message,
     NotFoundError,
     OutgoingMessage,
+    Retention,
+    RetentionResult,
     RetryPolicy,
+    SeekResult,
+    Snapshot,
+    Stats,
     StreamsubError,
     Subscription,
     SubscriptionStats,
@@ -96,8 +104,16 @@ app = typer.Typer(
 )
 topic_app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
 sub_app = typer.Typer(help="Create, list, describe and delete subscriptions.", no_args_is_help=True)
+retention_app = typer.Typer(help="Enforce topics' retention.", no_args_is_help=True)
+snapshot_app = typer.Typer(help="Create, list and delete snapshots.", no_args_is_help=True)
+dead_letter_app = typer.Typer(
+    help="List, show, replay and purge a subscription's dead letters.", no_args_is_help=True
+)
 app.add_typer(topic_app, name="topic")
 app.add_typer(sub_app, name="sub")
+app.add_typer(retention_app, name="retention")
+app.add_typer(snapshot_app, name="snapshot")
+app.add_typer(dead_letter_app, name="dead-letters")
 
 Url = Annotated[
     str,
@@ -108,6 +124,45 @@ Url = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (needs streamsub[metrics]).",
+    ),
+]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+MaxAge = Annotated[
+    float | None,
+    typer.Option("--max-age", min=0.001, help="Retention: keep messages this many seconds."),
+]
+MaxLength = Annotated[
+    int | None,
+    typer.Option("--max-length", min=1, help="Retention: keep this many messages per partition."),
+]
+DropUnacked = Annotated[
+    bool,
+    typer.Option(
+        "--drop-unacked",
+        help="Retention is a hard cap: drop unacknowledged messages too (counted).",
+    ),
+]
+
+
+def _serve_metrics(port: int | None) -> None:
+    if port is None:
+        return
+    from . import metrics
+
+    try:
+        metrics.serve(port)
+    except StreamsubError as exc:
+        fail(str(exc), exit_code(exc))
+    except OSError as exc:
+        fail(f"cannot serve metrics on port {port}: {exc}", EXIT_BAD_INPUT)
+    err.print(f"metrics at http://127.0.0.1:{port}/metrics")
 
 
 # --- errors --------------------------------------------------------------------
@@ -249,8 +304,31 @@ def _topic_json(topic: Topic, subscriptions: Sequence[Subscription] = ()) -> dic
         "name": topic.name,
         "partitions": topic.partitions,
         "created": topic.created,
+        "retention": None if topic.retention is None else topic.retention.to_dict(),
         "subscriptions": [s.name for s in subscriptions],
     }
+
+
+def _retention(
+    max_age: float | None, max_length: int | None, drop_unacked: bool
+) -> Retention | None:
+    if max_age is None and max_length is None:
+        if drop_unacked:
+            raise InvalidArgumentError("--drop-unacked needs --max-age or --max-length")
+        return None
+    return Retention(max_age=max_age, max_length=max_length, drop_unacked=drop_unacked)
+
+
+def _retention_text(retention: Retention | None) -> str:
+    if retention is None or not retention.bounded:
+        return "keep everything"
+    parts = []
+    if retention.max_age is not None:
+        parts.append(f"max age {retention.max_age:g} s")
+    if retention.max_length is not None:
+        parts.append(f"max length {retention.max_length:,} per partition")
+    parts.append("drops unacked (counted)" if retention.drop_unacked else "never drops unacked")
+    return ", ".join(parts)
 
 
 @topic_app.command("create")
@@ -259,13 +337,17 @@ def topic_create(
     partitions: Annotated[
         int, typer.Option("--partitions", min=1, help="Partitions (streams) of the topic.")
     ] = 16,
+    max_age: MaxAge = None,
+    max_length: MaxLength = None,
+    drop_unacked: DropUnacked = False,
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
-    """Create a topic (nothing happens if it exists with the same partition count)."""
+    """Create a topic (nothing happens if it exists with the same settings)."""
 
     async def main() -> Topic:
+        retention = _retention(max_age, max_length, drop_unacked)
         async with streamsub.connect(url) as client:
-            return await client.create_topic(name, partitions=partitions)
+            return await client.create_topic(name, partitions=partitions, retention=retention)
 
     topic = run(main())
     out.print(f"topic [bold]{topic.name}[/] ready ({topic.partitions} partitions)")
@@ -290,12 +372,13 @@ def topic_list(url: Url = streamsub.DEFAULT_URL, as_json: Json = False) -> None:
     if not topics:
         err.print("no topics; create one with: streamsub topic create NAME")
         return
-    table = Table("topic", "partitions", "subscriptions", "created")
+    table = Table("topic", "partitions", "subscriptions", "retention", "created")
     for topic, subs in topics:
         table.add_row(
             topic.name,
             str(topic.partitions),
             ", ".join(s.name for s in subs) or "-",
+            _retention_text(topic.retention),
             _when(topic.created),
         )
     out.print(table)
@@ -318,6 +401,7 @@ def topic_describe(name: str, url: Url = streamsub.DEFAULT_URL, as_json: Json = 
     grid.add_row("[bold]topic[/]", topic.name)
     grid.add_row("partitions", str(topic.partitions))
     grid.add_row("created", _when(topic.created))
+    grid.add_row("retention", _retention_text(topic.retention))
     grid.add_row("subscriptions", ", ".join(s.name for s in subs) or "-")
     out.print(grid)
 
@@ -345,6 +429,420 @@ def topic_delete(
 
     run(main())
     out.print(f"topic [bold]{name}[/] deleted")
+
+
+@topic_app.command("retention")
+def topic_retention(
+    name: str,
+    max_age: MaxAge = None,
+    max_length: MaxLength = None,
+    drop_unacked: DropUnacked = False,
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """Change a topic's retention (no bound given: keep everything)."""
+
+    async def main() -> Topic:
+        retention = _retention(max_age, max_length, drop_unacked)
+        async with streamsub.connect(url) as client:
+            return await client.update_topic_retention(name, retention)
+
+    topic = run(main())
+    out.print(f"topic [bold]{topic.name}[/] retention: {_retention_text(topic.retention)}")
+
+
+# --- retention ---------------------------------------------------------------------
+@retention_app.command("run")
+def retention_run(
+    topics: Annotated[
+        list[str] | None, typer.Argument(help="Topics to trim once (default: all).")
+    ] = None,
+    forever: Annotated[
+        bool,
+        typer.Option(
+            "--forever", help="Keep trimming every topic every --interval seconds until stopped."
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.01, help="Seconds between passes (--forever).")
+    ] = 5.0,
+    as_json: Json = False,
+    metrics_port: MetricsPort = None,
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """Run one retention pass over topics now, or keep trimming with --forever."""
+    _serve_metrics(metrics_port)
+
+    async def main() -> list[RetentionResult]:
+        async with streamsub.connect(url, trim_in_background=False) as client:
+            if forever:
+                err.print(f"trimming every topic every {interval:g} s; Ctrl-C stops")
+                await client.run_retention(interval=interval)
+            names = topics or [t.name for t in await client.list_topics() if t.retention]
+            return [await client.enforce_retention(n) for n in names]
+
+    results = run(main())
+    if as_json:
+        _print_json(
+            [
+                {
+                    "topic": r.topic,
+                    "trimmed": r.trimmed,
+                    "dropped_unacked": r.dropped_unacked,
+                    "partitions": [dataclasses.asdict(p) for p in r.partitions],
+                }
+                for r in results
+            ]
+        )
+        return
+    table = Table("topic", "trimmed", "dropped unacked")
+    for r in results:
+        table.add_row(r.topic, f"{r.trimmed:,}", f"{r.dropped_unacked:,}")
+    out.print(table)
+
+
+# --- seek and snapshots ------------------------------------------------------------
+def _seek_target(to: str) -> datetime.datetime | str:
+    """A time in ISO 8601 (local time when it names no zone), else the text as given."""
+    if to[:4].isdigit() and len(to) >= 10 and to[4] == "-" and to.count("-") >= 2 and ":" in to:
+        moment = datetime.datetime.fromisoformat(to)
+        return moment if moment.tzinfo else moment.astimezone()
+    if len(to) == 10 and to[4] == "-" and to[:4].isdigit():
+        return datetime.datetime.fromisoformat(to).astimezone()
+    return to
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if not yes and not typer.confirm(question, err=True):
+        err.print("nothing done")
+        raise typer.Exit(EXIT_FAILURE)
+
+
+@app.command()
+def seek(
+    subscription: str,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="A time (ISO 8601, e.g. 2024-05-01T12:00:00Z; local time without a zone), "
+            "'earliest', 'latest', a message id (<partition>-<ms>-<seq>) or a snapshot name.",
+        ),
+    ],
+    yes: Yes = False,
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """Move a subscription: messages before the point count as acknowledged, those
+    at or after it are delivered again."""
+    target = _seek_target(to)
+    _confirm(f"seek subscription {subscription!r} to {to}?", yes)
+
+    async def main() -> SeekResult:
+        async with streamsub.connect(url) as client:
+            return await client.seek(subscription, to=target)
+
+    result = run(main())
+    out.print(
+        f"subscription [bold]{subscription}[/] now at {to}: {result.acknowledged:,} pending "
+        f"acknowledged, {result.redelivered_pending:,} to be delivered again"
+    )
+
+
+@snapshot_app.command("create")
+def snapshot_create(
+    name: str,
+    subscription: Annotated[str, typer.Option("--sub", help="The subscription to snapshot.")],
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """Record a subscription's acknowledgement state, to seek back to later."""
+
+    async def main() -> Snapshot:
+        async with streamsub.connect(url) as client:
+            return await client.create_snapshot(name, subscription)
+
+    snapshot = run(main())
+    out.print(f"snapshot [bold]{snapshot.name}[/] of {snapshot.subscription} created")
+
+
+def _snapshot_json(snapshot: Snapshot) -> dict[str, object]:
+    return {
+        "name": snapshot.name,
+        "subscription": snapshot.subscription,
+        "topic": snapshot.topic,
+        "created": snapshot.created,
+        "expires": snapshot.expires,
+    }
+
+
+@snapshot_app.command("list")
+def snapshot_list(url: Url = streamsub.DEFAULT_URL, as_json: Json = False) -> None:
+    """List every snapshot."""
+
+    async def main() -> list[Snapshot]:
+        async with streamsub.connect(url) as client:
+            return await client.list_snapshots()
+
+    snapshots = run(main())
+    if as_json:
+        _print_json([_snapshot_json(s) for s in snapshots])
+        return
+    table = Table("snapshot", "subscription", "topic", "created", "expires")
+    for s in snapshots:
+        table.add_row(s.name, s.subscription, s.topic, _when(s.created), _when(s.expires))
+    out.print(table)
+
+
+@snapshot_app.command("delete")
+def snapshot_delete(name: str, yes: Yes = False, url: Url = streamsub.DEFAULT_URL) -> None:
+    """Delete a snapshot."""
+    _confirm(f"delete snapshot {name!r}?", yes)
+
+    async def main() -> None:
+        async with streamsub.connect(url) as client:
+            await client.delete_snapshot(name)
+
+    run(main())
+    out.print(f"snapshot [bold]{name}[/] deleted")
+
+
+# --- dead letters ---------------------------------------------------------------------
+def _dead_letter_json(letter: DeadLetter) -> dict[str, object]:
+    data, encoding = _data_text(letter.data)
+    return {
+        "id": letter.message_id,
+        "source_topic": letter.source_topic,
+        "source_subscription": letter.source_subscription,
+        "source_message_id": letter.source_message_id,
+        "delivery_attempts": letter.delivery_attempts,
+        "reason": letter.reason,
+        "first_delivery": letter.first_delivery,
+        "last_delivery": letter.last_delivery,
+        "ordering_key": letter.ordering_key,
+        "attributes": dict(letter.attributes),
+        "data": data,
+        "data_encoding": encoding,
+    }
+
+
+Ids = Annotated[
+    list[str] | None,
+    typer.Option("--id", help="Only this dead letter (its id in the dead-letter topic); repeat."),
+]
+
+
+@dead_letter_app.command("list")
+def dead_letters_list(
+    subscription: str,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=10_000, help="At most this many.")
+    ] = 100,
+    as_json: Json = False,
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """List a subscription's dead letters, oldest first, with why they failed."""
+
+    async def main() -> list[DeadLetter]:
+        async with streamsub.connect(url) as client:
+            return await client.list_dead_letters(subscription, limit=limit)
+
+    letters = run(main())
+    if as_json:
+        _print_json([_dead_letter_json(d) for d in letters])
+        return
+    table = Table("id", "source message", "attempts", "last delivery", "reason", "data")
+    for d in letters:
+        data, encoding = _data_text(d.data)
+        table.add_row(
+            d.message_id,
+            d.source_message_id or "-",
+            "-" if d.delivery_attempts is None else str(d.delivery_attempts),
+            "-" if d.last_delivery is None else _when(d.last_delivery),
+            d.reason or "-",
+            (f"base64:{data}" if encoding == "base64" else data)[:60],
+        )
+    out.print(table)
+    err.print(f"{len(letters)} dead letters of {subscription}")
+
+
+@dead_letter_app.command("show")
+def dead_letters_show(
+    subscription: str, message_id: str, as_json: Json = False, url: Url = streamsub.DEFAULT_URL
+) -> None:
+    """Show one dead letter whole: data, attributes and metadata."""
+
+    async def main() -> DeadLetter:
+        async with streamsub.connect(url) as client:
+            return await client.get_dead_letter(subscription, message_id)
+
+    letter = run(main())
+    if as_json:
+        _print_json(_dead_letter_json(letter))
+        return
+    grid = Table.grid(padding=(0, 2))
+    for key, value in _dead_letter_json(letter).items():
+        shown = _when(value) if isinstance(value, datetime.datetime) else value
+        grid.add_row(key, "-" if shown is None else str(shown))
+    out.print(grid)
+
+
+@dead_letter_app.command("replay")
+def dead_letters_replay(
+    subscription: str,
+    to: Annotated[
+        str | None, typer.Option("--to", help="Publish to this topic instead of the source.")
+    ] = None,
+    ids: Ids = None,
+    yes: Yes = False,
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """Publish dead letters again (to their source topic, or --to), then delete them."""
+    which = "the chosen" if ids else "all"
+    _confirm(
+        f"replay {which} dead letters of {subscription!r} to {to or 'their source topic'}?", yes
+    )
+
+    async def main() -> int:
+        async with streamsub.connect(url) as client:
+            return await client.replay_dead_letters(subscription, to=to, message_ids=ids)
+
+    count = run(main())
+    out.print(f"replayed {count} dead letters of [bold]{subscription}[/]")
+
+
+@dead_letter_app.command("purge")
+def dead_letters_purge(
+    subscription: str, ids: Ids = None, yes: Yes = False, url: Url = streamsub.DEFAULT_URL
+) -> None:
+    """Delete dead letters for good."""
+    which = "the chosen" if ids else "all"
+    _confirm(f"delete {which} dead letters of {subscription!r} for good?", yes)
+
+    async def main() -> int:
+        async with streamsub.connect(url) as client:
+            return await client.purge_dead_letters(subscription, message_ids=ids)
+
+    count = run(main())
+    out.print(f"purged {count} dead letters of [bold]{subscription}[/]")
+
+
+# --- stats ------------------------------------------------------------------------------
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _bytes(count: int | None) -> str:
+    if count is None:
+        return "?"
+    size = float(count)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:,.0f} B" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{size:,.1f} GiB"
+
+
+def _stats_tables(stats: Stats) -> Group:
+    topics = Table(
+        "topic",
+        "partitions",
+        "messages",
+        "memory",
+        "publish/s",
+        "dropped unacked",
+        "retention",
+        title=f"topics at {_when(stats.taken)}",
+    )
+    for t in stats.topics:
+        topics.add_row(
+            t.topic,
+            str(t.partitions),
+            f"{t.length:,}",
+            _bytes(t.memory_bytes),
+            f"{t.publish_rate:,.1f}",
+            f"{t.dropped_unacked:,}",
+            _retention_text(t.retention),
+        )
+    subscriptions = Table(
+        "subscription",
+        "topic",
+        "backlog",
+        "pending",
+        "oldest unacked",
+        "pending per consumer",
+        "delivery attempts",
+        "dead letters",
+        title="subscriptions",
+    )
+    partitions = Table(
+        "subscription", "partition", "backlog", "pending", "oldest unacked", title="partitions"
+    )
+    for s in stats.subscriptions:
+        subscriptions.add_row(
+            s.subscription,
+            s.topic,
+            f"{s.backlog:,}",
+            f"{s.pending:,}",
+            _age(s.oldest_unacked_age),
+            ", ".join(f"{c}={n:,}" for c, n in s.pending_per_consumer.items()) or "-",
+            ", ".join(f"{a}x: {n:,}" for a, n in s.delivery_attempts.items()) or "-",
+            "-" if s.dead_letters is None else f"{s.dead_letters:,}",
+        )
+        for p in s.partitions:
+            partitions.add_row(
+                s.subscription,
+                str(p.partition),
+                f"{p.backlog:,}",
+                f"{p.pending:,}",
+                _age(p.oldest_unacked_age),
+            )
+    return Group(topics, subscriptions, partitions)
+
+
+def _stats_dict(stats: Stats) -> dict[str, object]:
+    return dataclasses.asdict(stats)
+
+
+@app.command()
+def stats(
+    topic: Annotated[
+        str | None, typer.Argument(help="Only this topic and its subscriptions.")
+    ] = None,
+    watch: Annotated[
+        float | None,
+        typer.Option("--watch", min=0.1, help="Refresh every this many seconds until Ctrl-C."),
+    ] = None,
+    as_json: Json = False,
+    url: Url = streamsub.DEFAULT_URL,
+) -> None:
+    """Backlog, stuck messages, dead letters, memory and publish rates."""
+
+    async def main() -> Stats:
+        async with streamsub.connect(url, trim_in_background=False) as client:
+            if watch is None:
+                return await client.stats(topic)
+            if as_json:
+                while True:
+                    sys.stdout.write(
+                        json.dumps(_stats_dict(await client.stats(topic)), default=_json_default)
+                        + "\n"
+                    )
+                    sys.stdout.flush()
+                    await asyncio.sleep(watch)
+            with Live(console=out, auto_refresh=False) as live:
+                while True:
+                    live.update(_stats_tables(await client.stats(topic)), refresh=True)
+                    await asyncio.sleep(watch)
+
+    result = run(main())
+    if as_json:
+        _print_json(_stats_dict(result))
+        return
+    out.print(_stats_tables(result))
 
 
 # --- subscriptions ---------------------------------------------------------------
@@ -717,9 +1215,11 @@ def pull(
         float, typer.Option("--timeout", min=0, help="Stop after this many seconds.")
     ] = 5.0,
     as_json: Json = False,
+    metrics_port: MetricsPort = None,
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
     """Receive up to N messages, print them and acknowledge them."""
+    _serve_metrics(metrics_port)
     received: list[Message] = []
     enough = asyncio.Event()
 

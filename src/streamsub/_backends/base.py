@@ -13,6 +13,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple, Protocol
 
+from .._core.retention import Retention
+from .._core.seek import PartitionPosition, PartitionSeek
+from .._core.stats import PartitionCounts
+
 __all__ = [
     "Backend",
     "Entry",
@@ -20,6 +24,8 @@ __all__ = [
     "NackItem",
     "ReclaimState",
     "Reclaimed",
+    "ServerInfo",
+    "SnapshotRecord",
     "SubscriptionRecord",
     "TopicRecord",
 ]
@@ -33,6 +39,7 @@ class TopicRecord:
     partitions: int
     layout: str
     created: float
+    retention: Retention | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,6 +96,32 @@ class GroupInfo:
     last_delivered_id: str
     lag: int | None
     consumers: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What the server is and how it is set up, as far as streamsub cares."""
+
+    version: tuple[int, int, int]
+    maxmemory_policy: str | None
+    """None when the server does not say."""
+
+    @property
+    def acked_trim(self) -> bool:
+        """The server trims only acknowledged entries itself (``XTRIM … ACKED``, 8.2+)."""
+        return self.version >= (8, 2, 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """A snapshot as stored: a subscription's position and pending ids per partition."""
+
+    name: str
+    subscription: str
+    topic: str
+    created: float
+    positions: Mapping[int, PartitionPosition]
+    expires: float
 
 
 class Backend(Protocol):
@@ -252,4 +285,109 @@ class Backend(Protocol):
     ) -> list[str]:
         """Delete consumers other than ``consumer`` with no pending entries, idle
         for ``min_idle_ms``."""
+        ...
+
+    # --- operations: retention --------------------------------------------------
+    # (Appended for the operator's tools; the data-path methods above are the
+    # receiver's.)
+    async def server_info(self) -> ServerInfo:
+        """The server's version and memory policy."""
+        ...
+
+    async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+        """Store ``retention`` as the topic's policy (None: keep everything)."""
+
+    async def trim(
+        self,
+        topic: TopicRecord,
+        partition: int,
+        *,
+        cutoff: str | None,
+        max_length: int | None,
+        drop_unacked: bool,
+        batch: int,
+        acked_trim: bool,
+        floor: str | None = None,
+    ) -> tuple[int, int, bool]:
+        """Delete up to ``batch`` of the partition's oldest entries that are below
+        ``cutoff`` (an id) or beyond ``max_length``, and, unless ``drop_unacked``,
+        below the partition's safe point, read in the same atomic step, and below
+        ``floor`` (what snapshots still need; None: nothing). Return
+        (deleted, of them unacknowledged, more remain). With ``drop_unacked`` the
+        unacknowledged ones are added to the partition's dropped counter and
+        leave the pending lists. ``acked_trim`` lets a server that has
+        ``XTRIM … ACKED`` decide what is acknowledged itself."""
+        ...
+
+    async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
+        """Per partition, how many unacknowledged entries retention has dropped."""
+        ...
+
+    async def try_lock(self, name: str, token: str, ttl: float) -> bool:
+        """Take the lock ``name`` for ``ttl`` seconds unless someone holds it."""
+        ...
+
+    async def unlock(self, name: str, token: str) -> None:
+        """Give back the lock ``name`` if ``token`` still holds it."""
+
+    # --- operations: seek and snapshots ----------------------------------------
+    async def seek_partition(
+        self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
+    ) -> tuple[int, int]:
+        """Apply one partition's seek in one atomic step: move the group, acknowledge
+        pending entries at or below the new position but for ``plan.redeliver``,
+        which are made pending again to ``consumer`` and reclaimable at once.
+        Return (acknowledged, made pending again)."""
+        ...
+
+    async def group_positions(
+        self, topic: TopicRecord, group: str, max_pending: int
+    ) -> dict[int, PartitionPosition]:
+        """Per partition, the group's last-delivered id and up to ``max_pending`` + 1
+        pending ids."""
+        ...
+
+    async def create_snapshot(self, record: SnapshotRecord) -> bool:
+        """Store ``record`` unless a snapshot of that name exists; return whether stored."""
+        ...
+
+    async def get_snapshot(self, name: str) -> SnapshotRecord | None:
+        """The stored snapshot, or None."""
+        ...
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        """Every snapshot, sorted by name."""
+        ...
+
+    async def delete_snapshot(self, name: str) -> bool:
+        """Delete a snapshot; return whether there was one."""
+        ...
+
+    # --- operations: reading and deleting entries (dead-letter tools) ----------
+    async def read_range(
+        self, topic: TopicRecord, partition: int, after: str, count: int
+    ) -> list[tuple[str, Sequence[bytes]]]:
+        """Up to ``count`` entries of a partition after id ``after`` (``"0-0"``: from the
+        start), oldest first, as (entry id, flat fields), without delivering them."""
+        ...
+
+    async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
+        """Delete entries, acknowledging them in every group of their partition first;
+        return how many existed."""
+        ...
+
+    # --- operations: statistics --------------------------------------------------
+    async def partition_counts(
+        self,
+        topic: TopicRecord,
+        *,
+        window_start: str,
+        window_cap: int,
+        sample: int,
+        backlog_cap: int,
+    ) -> list[PartitionCounts]:
+        """Every partition's length, memory, entries since ``window_start`` (at most
+        ``window_cap``) and, per group, its pending and backlog counts, first
+        unacknowledged ids, pending per consumer and the delivery counts of up to
+        ``sample`` oldest pending entries."""
         ...

@@ -6,6 +6,7 @@ Redis errors become streamsub errors here and nowhere else.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,9 +16,13 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
+from ..._core.retention import Retention
+from ..._core.seek import PartitionPosition, PartitionSeek, positions_from_json, positions_json
+from ..._core.stats import GroupCounts, PartitionCounts
 from ..._errors import (
     BackendError,
     InvalidArgumentError,
+    ResourceExhaustedError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
     UnavailableError,
@@ -28,6 +33,8 @@ from ..base import (
     NackItem,
     Reclaimed,
     ReclaimState,
+    ServerInfo,
+    SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
 )
@@ -63,6 +70,8 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}{parts.path}{tail}"
 
 
+def _retention_json(retention: Retention | None) -> str:
+    return "" if retention is None else json.dumps(retention.to_dict(), sort_keys=True)
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -123,6 +132,11 @@ class RedisBackend:
         self._dead_letter = _Script(_script("dead_letter.lua"))
         self._ack_owned = _Script(_script("ack_owned.lua"))
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
+        self._trim = _Script(_script("trim.lua"))
+        self._unlock = _Script(_script("unlock.lua"))
+        self._seek = _Script(_script("seek.lua"))
+        self._delete_entries = _Script(_script("delete_entries.lua"))
+        self._stats = _Script(_script("stats.lua"))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -145,6 +159,13 @@ class RedisBackend:
                 "(`streamsub dev-server` starts one) and that STREAMSUB_URL or the URL is right"
             ) from exc
         except rexc.ResponseError as exc:
+            # Plain commands answer "OOM ...", scripts "... used memory > 'maxmemory'".
+            if str(exc).startswith("OOM") or "> 'maxmemory'" in str(exc):
+                raise ResourceExhaustedError(
+                    f"Redis at {self.url} is out of memory and refused a write ({exc}): raise "
+                    "its maxmemory, or give the topics a tighter streamsub.Retention so that "
+                    "acknowledged messages are trimmed; consumers behind keep entries alive"
+                ) from exc
             if str(exc).startswith("NOTOPIC"):  # from append.lua
                 raise TopicNotFoundError(
                     f"a topic was deleted while in use ({exc}): create it again with "
@@ -203,7 +224,11 @@ class RedisBackend:
     async def _list(self, registry: str) -> list[dict[str, str]]:
         with self._errors():
             names = sorted(n.decode() for n in await self._redis.smembers(registry))
-            prefix = _keys.topic_key if registry == _keys.TOPICS else _keys.subscription_key
+            prefix = {
+                _keys.TOPICS: _keys.topic_key,
+                _keys.SUBSCRIPTIONS: _keys.subscription_key,
+                _keys.SNAPSHOTS: _keys.snapshot_key,
+            }[registry]
             async with self._redis.pipeline(transaction=False) as pipe:
                 for name in names:
                     pipe.hgetall(prefix(name))
@@ -222,19 +247,22 @@ class RedisBackend:
             "partitions": str(record.partitions),
             "layout": record.layout,
             "created": repr(record.created),
+            "retention": _retention_json(record.retention),
         }
 
     @staticmethod
     def _topic(fields: Mapping[str, str]) -> TopicRecord:
+        retention = fields.get("retention")
         return TopicRecord(
             name=fields["name"],
             partitions=int(fields["partitions"]),
             layout=fields["layout"],
             created=float(fields["created"]),
+            retention=Retention.from_dict(json.loads(retention)) if retention else None,
         )
 
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
-        record = TopicRecord(record.name, record.partitions, _keys.LAYOUT, record.created)
+        record = dataclasses.replace(record, layout=_keys.LAYOUT)
         stored = await self.get_topic(record.name)
         if stored is not None:
             return stored
@@ -260,8 +288,9 @@ class RedisBackend:
         return [self._topic(f) for f in await self._list(_keys.TOPICS)]
 
     async def delete_topic(self, record: TopicRecord) -> None:
+        dropped = [_keys.dropped_key(record.name, p) for p in range(record.partitions)]
         with self._errors():
-            await self._redis.delete(*self._keys(record), _keys.topic_key(record.name))
+            await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
             await self._redis.srem(_keys.TOPICS, record.name)
 
     # --- subscriptions ---------------------------------------------------------
@@ -598,3 +627,226 @@ class RedisBackend:
         with self._errors():
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})
+
+    # --- operations: retention --------------------------------------------------
+    async def server_info(self) -> ServerInfo:
+        try:
+            with self._errors():
+                info = await self._redis.info()
+        except UnavailableError:
+            raise
+        except BackendError:  # INFO refused (an ACL): nothing is known, nothing assumed
+            return ServerInfo((0, 0, 0), None)
+        raw_version = str(info.get("redis_version", "0.0.0"))
+        parts = [int(p) if p.isdigit() else 0 for p in raw_version.split(".")[:3]]
+        major, minor, patch = ([*parts, 0, 0, 0])[:3]
+        policy = info.get("maxmemory_policy")
+        return ServerInfo((major, minor, patch), None if policy is None else str(policy))
+
+    async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+        with self._errors():
+            await self._redis.hset(
+                _keys.topic_key(topic.name), "retention", _retention_json(retention)
+            )
+
+    async def trim(
+        self,
+        topic: TopicRecord,
+        partition: int,
+        *,
+        cutoff: str | None,
+        max_length: int | None,
+        drop_unacked: bool,
+        batch: int,
+        acked_trim: bool,
+        floor: str | None = None,
+    ) -> tuple[int, int, bool]:
+        keys = [self._keys(topic)[partition], _keys.dropped_key(topic.name, partition)]
+        args = [
+            cutoff or "",
+            "" if max_length is None else max_length,
+            1 if drop_unacked else 0,
+            batch,
+            1 if acked_trim else 0,
+            floor or "",
+        ]
+        with self._errors():
+            deleted, dropped, more = await self._evalsha(self._trim, keys, args)
+        return int(deleted), int(dropped), bool(more)
+
+    async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
+        keys = [_keys.dropped_key(topic.name, p) for p in range(topic.partitions)]
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.get(key)
+                values = await pipe.execute()
+        return {p: int(v or 0) for p, v in enumerate(values)}
+
+    async def try_lock(self, name: str, token: str, ttl: float) -> bool:
+        with self._errors():
+            taken = await self._redis.set(
+                _keys.lock_key(name), token, nx=True, px=max(1, int(ttl * 1000))
+            )
+        return bool(taken)
+
+    async def unlock(self, name: str, token: str) -> None:
+        with self._errors():
+            await self._evalsha(self._unlock, [_keys.lock_key(name)], [token])
+
+    # --- operations: seek and snapshots ----------------------------------------
+    _RESTORED_IDLE_MS = 86_400_000
+    """Entries a snapshot seek makes pending again look idle for a day, longer
+    than any ack deadline, so the next reclaimer sweep delivers them."""
+
+    async def seek_partition(
+        self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
+    ) -> tuple[int, int]:
+        keys = self._companions(topic, partition, group)
+        args = [group, plan.position, consumer, self._RESTORED_IDLE_MS, *plan.redeliver]
+        with self._errors():
+            acked, restored = await self._evalsha(self._seek, keys, args)
+        return int(acked), int(restored)
+
+    async def group_positions(
+        self, topic: TopicRecord, group: str, max_pending: int
+    ) -> dict[int, PartitionPosition]:
+        infos = {i.partition: i for i in await self.group_info(topic, group)}
+        keys = self._keys(topic)
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for partition in infos:
+                    pipe.xpending_range(keys[partition], group, "-", "+", max_pending + 1)
+                replies = await pipe.execute()
+        return {
+            partition: PartitionPosition(
+                infos[partition].last_delivered_id,
+                tuple(
+                    p["message_id"].decode()
+                    if isinstance(p["message_id"], bytes)
+                    else p["message_id"]
+                    for p in reply
+                ),
+            )
+            for partition, reply in zip(infos, replies, strict=True)
+        }
+
+    async def create_snapshot(self, record: SnapshotRecord) -> bool:
+        fields = {
+            "name": record.name,
+            "subscription": record.subscription,
+            "topic": record.topic,
+            "created": repr(record.created),
+            "expires": repr(record.expires),
+            "positions": json.dumps(positions_json(record.positions)),
+        }
+        existing = await self._create(
+            _keys.snapshot_key(record.name), _keys.SNAPSHOTS, record.name, fields
+        )
+        return existing is None
+
+    @staticmethod
+    def _snapshot(fields: Mapping[str, str]) -> SnapshotRecord:
+        return SnapshotRecord(
+            name=fields["name"],
+            subscription=fields["subscription"],
+            topic=fields["topic"],
+            created=float(fields["created"]),
+            positions=positions_from_json(json.loads(fields["positions"])),
+            expires=float(fields["expires"]),
+        )
+
+    async def get_snapshot(self, name: str) -> SnapshotRecord | None:
+        fields = await self._get(_keys.snapshot_key(name))
+        return None if fields is None else self._snapshot(fields)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return [self._snapshot(f) for f in await self._list(_keys.SNAPSHOTS)]
+
+    async def delete_snapshot(self, name: str) -> bool:
+        with self._errors():
+            deleted = await self._redis.delete(_keys.snapshot_key(name))
+            await self._redis.srem(_keys.SNAPSHOTS, name)
+        return bool(deleted)
+
+    # --- operations: reading and deleting entries (dead-letter tools) ----------
+    async def read_range(
+        self, topic: TopicRecord, partition: int, after: str, count: int
+    ) -> list[tuple[str, Sequence[bytes]]]:
+        key = self._keys(topic)[partition]
+        with self._errors():
+            reply = await self._redis.xrange(key, f"({after}", "+", count=count)
+        # redis-py gives each entry's fields as a dict; the codec reads flat lists.
+        return [
+            (entry_id.decode(), [item for pair in fields.items() for item in pair])
+            for entry_id, fields in reply
+        ]
+
+    async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
+        keys = self._keys(topic)
+        calls = [(p, [keys[p]], list(entry_ids)) for p, entry_ids in ids.items() if entry_ids]
+        if not calls:
+            return 0
+        with self._errors():
+            replies = await self._evalsha_many(self._delete_entries, calls)
+        return sum(int(n) for n in replies)
+
+    # --- operations: statistics --------------------------------------------------
+    async def partition_counts(
+        self,
+        topic: TopicRecord,
+        *,
+        window_start: str,
+        window_cap: int,
+        sample: int,
+        backlog_cap: int,
+    ) -> list[PartitionCounts]:
+        keys = self._keys(topic)
+        args = [window_start, window_cap, sample, backlog_cap]
+        calls = [(p, [key], args) for p, key in enumerate(keys)]
+        with self._errors():
+            replies = await self._evalsha_many(self._stats, calls)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.memory_usage(key)
+                memory = await pipe.execute(raise_on_error=False)
+
+        def text(value: Any) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value)
+
+        counts = []
+        for partition, (length, recent, groups) in enumerate(replies):
+            used = memory[partition]
+            counts.append(
+                PartitionCounts(
+                    partition=partition,
+                    length=int(length),
+                    memory=int(used) if isinstance(used, int) else None,
+                    recent=int(recent),
+                    groups=[
+                        GroupCounts(
+                            name=text(name),
+                            pending=int(pending),
+                            last_delivered_id=text(last),
+                            backlog=int(backlog),
+                            first_pending_id=text(first_pending) or None,
+                            first_undelivered_id=text(first_undelivered) or None,
+                            consumers={
+                                text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)
+                            },
+                            attempts=[int(a) for a in attempts],
+                        )
+                        for (
+                            name,
+                            pending,
+                            last,
+                            backlog,
+                            first_pending,
+                            first_undelivered,
+                            flat,
+                            attempts,
+                        ) in groups
+                    ],
+                )
+            )
+        return counts

@@ -12,7 +12,11 @@ __all__ = [
     "LAYOUT",
     "SUBSCRIPTIONS",
     "TOPICS",
+    "SNAPSHOTS",
     "delay_key",
+    "dropped_key",
+    "lock_key",
+    "snapshot_key",
     "stream_key",
     "subscription_key",
     "times_key",
@@ -22,6 +26,7 @@ __all__ = [
 LAYOUT = "v1"
 TOPICS = "ss:topics"
 SUBSCRIPTIONS = "ss:subscriptions"
+SNAPSHOTS = "ss:snapshots"
 
 
 def topic_key(name: str) -> str:
@@ -49,3 +54,21 @@ def times_key(topic: str, partition: int, group: str) -> str:
     """The hash of a group's first and last delivery times (``first:last`` ms) of
     entries that were nacked; it shares the stream's tag."""
     return f"ss:{{{topic}.{partition}}}:times:{group}"
+
+
+def dropped_key(topic: str, partition: int) -> str:
+    """The counter of unacknowledged entries that retention dropped from one
+    partition (only with ``drop_unacked=True``); it shares the stream's tag."""
+    return f"ss:{{{topic}.{partition}}}:dropped"
+
+
+def lock_key(name: str) -> str:
+    """A lock (a string with its holder's token and an expiry), e.g.
+    ``retention:<topic>`` for the one trimmer of a topic."""
+    return f"ss:lock:{name}"
+
+
+def snapshot_key(name: str) -> str:
+    """The hash holding a snapshot: its subscription, topic, and per partition
+    the last delivered id and the pending ids."""
+    return f"ss:snapshot:{name}"

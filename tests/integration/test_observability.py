@@ -1,0 +1,168 @@
+"""Metrics endpoint, tracing across publish and handling, and life without the extras."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
+
+import streamsub
+from streamsub import metrics, tracing
+from streamsub.testing import RedisServer
+from tests._wait import until
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterator[streamsub.Client]:
+    """A client on an emptied server that trims only when a test asks it to."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url, trim_in_background=False) as connected:
+        yield connected
+
+
+@pytest.fixture(scope="module")
+def spans() -> InMemorySpanExporter:
+    """An OpenTelemetry SDK recording finished spans in memory (set up once per process)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    tracing.refresh()
+    return exporter
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_metrics_endpoint_reports_known_traffic(client: streamsub.Client) -> None:
+    """A scrape of the metrics endpoint shows the messages published per topic and the
+    unacknowledged messages a retention hard cap dropped."""
+    metrics.reset()
+    await client.create_topic(
+        "orders",
+        partitions=PARTITIONS,
+        retention=streamsub.Retention(max_length=10, drop_unacked=True),
+    )
+    await client.create_topic("audit", partitions=2)
+    await client.create_subscription("billing", topic="orders", start="earliest")
+    for _ in range(3):
+        await client.publish_many("orders", [b"o"] * 40)
+    for i in range(7):
+        await client.publish("audit", str(i).encode())
+    result = await client.enforce_retention("orders")
+    assert result.dropped_unacked > 0
+
+    server = metrics.serve(_free_port())
+    try:
+        port = server.server_address[1]
+        text = await asyncio.to_thread(_scrape, f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.shutdown()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("streamsub_published_total", (("topic", "orders"),))] == 120
+    assert samples[("streamsub_published_total", (("topic", "audit"),))] == 7
+    assert samples[("streamsub_dropped_unacked_total", (("topic", "orders"),))] == (
+        result.dropped_unacked
+    )
+
+
+async def test_a_trace_spans_publish_and_handling(
+    client: streamsub.Client, spans: InMemorySpanExporter
+) -> None:
+    """Each handled message's CONSUMER span is the child of the PRODUCER span that
+    published it, in the same trace, on every partition."""
+    assert tracing.ENABLED
+    spans.clear()
+    await client.create_topic("orders", partitions=PARTITIONS)
+    await client.create_subscription("billing", topic="orders")
+    ids = [await client.publish("orders", str(i).encode(), ordering_key=f"k{i}") for i in range(12)]
+    ids += await client.publish_many("orders", [b"batch"] * 8)
+    assert {i.split("-")[0] for i in ids} == {str(p) for p in range(PARTITIONS)}
+    seen: dict[str, dict[str, str]] = {}
+
+    async def handle(message: streamsub.Message) -> None:
+        seen[message.message_id] = dict(message.attributes)
+
+    async with client.subscribe("billing", tracing.traced(handle, "billing")):
+        await until(lambda: len(seen) == len(ids), 30, "every message handled")
+
+    finished = spans.get_finished_spans()
+    producers = {s.context.span_id: s for s in finished if s.kind == SpanKind.PRODUCER}
+    consumers = [s for s in finished if s.kind == SpanKind.CONSUMER]
+    assert len(producers) == 13  # 12 publishes and one publish_many
+    assert len(consumers) == len(ids)
+    for span in consumers:
+        assert span.parent is not None
+        producer = producers[span.parent.span_id]
+        assert producer.context.trace_id == span.context.trace_id
+        assert producer.name == "orders publish"
+        assert span.name == "billing process"
+    assert all(tracing.TRACEPARENT in attributes for attributes in seen.values())
+    message_ids = {span.attributes["messaging.message.id"] for span in consumers if span.attributes}
+    assert message_ids == set(ids)
+
+
+def test_streamsub_works_without_the_extras(server: RedisServer) -> None:
+    """Without prometheus-client and opentelemetry, streamsub imports, publishes and
+    counts; only exporting metrics raises, saying what to install."""
+    program = f"""
+import asyncio, importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("opentelemetry", "prometheus_client"):
+            raise ModuleNotFoundError(name)
+        return None
+
+sys.meta_path.insert(0, Block())
+import streamsub
+from streamsub import metrics, tracing
+assert not tracing.ENABLED
+
+async def main():
+    async with streamsub.connect({server.url!r}, trim_in_background=False) as client:
+        await client.create_topic("no-extras", partitions=2)
+        await client.publish("no-extras", b"x", attributes={{"a": "b"}})
+        await client.delete_topic("no-extras")
+
+asyncio.run(main())
+assert metrics.snapshot()["published"] == {{"no-extras": 1}}
+try:
+    metrics.serve(0)
+except streamsub.FailedPreconditionError as exc:
+    assert "streamsub[metrics]" in str(exc)
+else:
+    raise AssertionError("serve() worked without prometheus-client")
+print("ok")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

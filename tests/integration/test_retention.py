@@ -1,0 +1,367 @@
+"""Retention on a real Redis: never past the safe point, hard caps counted exactly."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+import streamsub
+from streamsub._backends.redis import RedisBackend
+from streamsub._core.streamid import id_ms
+from streamsub._engine.trimmer import Trimmer, enforce_retention
+from streamsub.testing import RedisServer, redis_server
+from tests._wait import until
+
+PARTITIONS = 4
+PER_PARTITION = 10_000
+
+
+@pytest.fixture
+async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterator[streamsub.Client]:
+    """A client on an emptied server that trims only when a test asks it to."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url, trim_in_background=False) as connected:
+        yield connected
+
+
+def _stream(topic: str, partition: int) -> str:
+    return f"ss:{{{topic}.{partition}}}"
+
+
+def _lengths(redis_client: redis.Redis, topic: str) -> list[int]:
+    return [int(redis_client.xlen(_stream(topic, p))) for p in range(PARTITIONS)]
+
+
+async def _fill(client: streamsub.Client, topic: str, per_partition: int) -> list[str]:
+    """Publish ``per_partition`` messages to each partition, over 50 ordering keys each."""
+    keys: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+    i = 0
+    while min(len(k) for k in keys.values()) < 50:
+        key = f"key-{i}"
+        keys[streamsub.fnv1a_32(key.encode()) % PARTITIONS].append(key)
+        i += 1
+    messages = [
+        streamsub.OutgoingMessage(data=str(i).encode(), ordering_key=keys[p][i % 50])
+        for i in range(per_partition)
+        for p in range(PARTITIONS)
+    ]
+    ids: list[str] = []
+    for start in range(0, len(messages), 5000):
+        ids += await client.publish_many(topic, messages[start : start + 5000])
+    return ids
+
+
+def _read(redis_client: redis.Redis, topic: str, group: str, count: int) -> dict[int, list[str]]:
+    """Deliver ``count`` entries of every partition to ``group`` (they become pending)."""
+    read: dict[int, list[str]] = {}
+    for p in range(PARTITIONS):
+        reply = redis_client.xreadgroup(group, "inspector", {_stream(topic, p): ">"}, count=count)
+        read[p] = [entry_id.decode() for entry_id, _ in reply[0][1]] if reply else []
+    return read
+
+
+async def _consume_all(client: streamsub.Client, subscription: str, total: int) -> None:
+    seen: set[str] = set()
+
+    async def handle(message: streamsub.Message) -> None:
+        seen.add(message.message_id)
+
+    async with client.subscribe(subscription, handle):
+        await until(lambda: len(seen) >= total, 60, f"{total} messages handled")
+    stats = await client.subscription_stats(subscription)
+    assert stats.pending == 0
+
+
+async def test_a_group_behind_keeps_everything_until_it_catches_up(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """With a group 10,000 entries behind per partition and max_length 1,000, nothing
+    unacknowledged is deleted; once the group has acknowledged, every partition
+    shrinks to the policy."""
+    await client.create_topic(
+        "orders", partitions=PARTITIONS, retention=streamsub.Retention(max_length=1000)
+    )
+    # A short ack deadline: the entries left pending below are reclaimed soon.
+    await client.create_subscription("slow", topic="orders", start="earliest", ack_deadline=1)
+    await client.create_subscription("fast", topic="orders", start="earliest")
+    await _fill(client, "orders", PER_PARTITION)
+    # "fast" has acknowledged everything; "slow" has 100 delivered per partition,
+    # the first 50 of them acknowledged.
+    for p, ids in _read(redis_client, "orders", "fast", PER_PARTITION).items():
+        redis_client.xack(_stream("orders", p), "fast", *ids)
+    pending = _read(redis_client, "orders", "slow", 100)
+    for p, ids in pending.items():
+        redis_client.xack(_stream("orders", p), "slow", *ids[:50])
+
+    result = await client.enforce_retention("orders")
+
+    assert [t.trimmed for t in result.partitions] == [50] * PARTITIONS
+    assert result.dropped_unacked == 0
+    assert _lengths(redis_client, "orders") == [PER_PARTITION - 50] * PARTITIONS
+    for p, ids in pending.items():
+        first = redis_client.xrange(_stream("orders", p), count=1)[0][0].decode()
+        assert first == ids[50], "the first pending entry is the first one kept"
+
+    await _consume_all(client, "slow", PARTITIONS * (PER_PARTITION - 100) + PARTITIONS * 50)
+    result = await client.enforce_retention("orders")
+
+    assert [t.trimmed for t in result.partitions] == [PER_PARTITION - 50 - 1000] * PARTITIONS
+    assert _lengths(redis_client, "orders") == [1000] * PARTITIONS
+    assert result.dropped_unacked == 0
+
+
+async def test_drop_unacked_counts_exactly_what_it_dropped(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """With drop_unacked=True the policy is a hard cap, and the count of dropped
+    unacknowledged entries (pending or never delivered) is exact and kept in Redis."""
+    await client.create_topic(
+        "orders",
+        partitions=PARTITIONS,
+        retention=streamsub.Retention(max_length=1000, drop_unacked=True),
+    )
+    await client.create_subscription("slow", topic="orders", start="earliest")
+    await client.create_subscription("fast", topic="orders", start="earliest")
+    await _fill(client, "orders", PER_PARTITION)
+    for p, ids in _read(redis_client, "orders", "fast", PER_PARTITION).items():
+        redis_client.xack(_stream("orders", p), "fast", *ids)
+    for p, ids in _read(redis_client, "orders", "slow", 100).items():
+        redis_client.xack(_stream("orders", p), "slow", *ids[:50])
+
+    result = await client.enforce_retention("orders")
+
+    # 9,000 deleted per partition; the first 50 were acknowledged by both groups.
+    assert [t.trimmed for t in result.partitions] == [9000] * PARTITIONS
+    assert [t.dropped_unacked for t in result.partitions] == [8950] * PARTITIONS
+    assert _lengths(redis_client, "orders") == [1000] * PARTITIONS
+    counters = [int(redis_client.get(f"{_stream('orders', p)}:dropped")) for p in range(4)]
+    assert counters == [8950] * PARTITIONS
+    # The dropped pending entries left the pending list: nothing dangles.
+    assert [redis_client.xpending(_stream("orders", p), "slow")["pending"] for p in range(4)] == [
+        0
+    ] * PARTITIONS
+    # A second pass finds nothing more to do and counts nothing twice.
+    again = await client.enforce_retention("orders")
+    assert (again.trimmed, again.dropped_unacked) == (0, 0)
+
+
+async def test_max_age_trims_by_the_injected_clock(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """max_age deletes exactly the acknowledged entries older than now - max_age, with
+    now from the caller's clock."""
+    await client.create_topic(
+        "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=3600)
+    )
+    await client.create_subscription("reader", topic="events", start="earliest")
+    old = await _fill(client, "events", 300)
+    last_old_ms = max(id_ms(i.split("-", 1)[1]) for i in old)
+    await until(lambda: time.time() * 1000 > last_old_ms + 1, 5, "the clock to move on")
+    new = await _fill(client, "events", 200)
+    first_new_ms = min(id_ms(i.split("-", 1)[1]) for i in new)
+    for p, ids in _read(redis_client, "events", "reader", 10_000).items():
+        redis_client.xack(_stream("events", p), "reader", *ids)
+
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.get_topic("events")
+        assert topic is not None
+        # An hour after the first new message: everything before it is too old.
+        result = await enforce_retention(backend, topic, now=first_new_ms / 1000 + 3600)
+    finally:
+        await backend.close()
+
+    assert result.trimmed == len(old)
+    assert _lengths(redis_client, "events") == [200] * PARTITIONS
+    kept = {
+        f"{p}-{entry_id.decode()}"
+        for p in range(PARTITIONS)
+        for entry_id, _ in redis_client.xrange(_stream("events", p))
+    }
+    assert kept == set(new)
+
+
+async def test_max_age_stops_at_the_first_pending_entry(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """An entry older than max_age but still pending is kept, with all after it."""
+    await client.create_topic(
+        "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=1)
+    )
+    await client.create_subscription("reader", topic="events", start="earliest")
+    await _fill(client, "events", 500)
+    for p, ids in _read(redis_client, "events", "reader", 10_000).items():
+        redis_client.xack(_stream("events", p), "reader", *ids[:100], *ids[101:])
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.get_topic("events")
+        assert topic is not None
+        result = await enforce_retention(backend, topic, now=time.time() + 3600)
+    finally:
+        await backend.close()
+    assert [t.trimmed for t in result.partitions] == [100] * PARTITIONS
+    assert _lengths(redis_client, "events") == [400] * PARTITIONS
+
+
+async def test_background_trimmer_waits_for_the_topic_lock(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A client trims the topics it publishes to in the background, but not while
+    another trimmer holds the topic's lock in Redis."""
+    redis_client.flushall()
+    redis_client.set("ss:lock:retention:orders", "someone-else", px=60_000)
+    async with streamsub.connect(server.url, retention_interval=0.05) as client:
+        await client.create_topic(
+            "orders", partitions=PARTITIONS, retention=streamsub.Retention(max_length=10)
+        )
+        await _fill(client, "orders", 100)
+        trimmer = client._trimmer
+        assert trimmer is not None
+        passes = trimmer.passes
+        await until(lambda: trimmer.passes >= passes + 3, 10, "three background passes")
+        assert _lengths(redis_client, "orders") == [100] * PARTITIONS
+        redis_client.delete("ss:lock:retention:orders")
+        await until(
+            lambda: _lengths(redis_client, "orders") == [10] * PARTITIONS,
+            10,
+            "the background trimmer to shrink every partition to 10",
+        )
+
+
+async def test_update_topic_retention_is_stored(client: streamsub.Client) -> None:
+    """A topic's retention is stored with it, changeable later, and conflicts only with
+    another policy given explicitly on re-create."""
+    created = await client.create_topic("orders", partitions=2)
+    assert created.retention is None
+    policy = streamsub.Retention(max_age=60, max_length=500, drop_unacked=True)
+    updated = await client.update_topic_retention("orders", policy)
+    assert updated.retention == policy
+    assert (await client.get_topic("orders")).retention == policy
+    with pytest.raises(streamsub.AlreadyExistsError, match="retention"):
+        await client.create_topic("orders", partitions=2, retention=streamsub.Retention(max_age=5))
+    assert (await client.create_topic("orders", partitions=2, retention=policy)) == updated
+    # Without a policy, creating keeps the one an operator set.
+    assert (await client.create_topic("orders", partitions=2)) == updated
+    await client.update_topic_retention("orders", None)
+    assert (await client.get_topic("orders")).retention is None
+
+
+async def test_connect_warns_when_redis_may_evict(
+    client: streamsub.Client,
+    server: RedisServer,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Connecting to a server whose maxmemory-policy evicts keys logs a warning."""
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with caplog.at_level(logging.WARNING, logger="streamsub"):
+            async with streamsub.connect(server.url):
+                pass
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    assert any("allkeys-lru" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="streamsub"):
+        async with streamsub.connect(server.url):
+            pass
+    assert not caplog.records
+
+
+async def test_out_of_memory_is_a_clear_publish_error() -> None:
+    """A publish refused for lack of memory raises ResourceExhaustedError saying what to do."""
+    with redis_server() as small:
+        async with streamsub.connect(small.url) as client:
+            await client.create_topic("orders", partitions=2)
+            plain = redis.Redis.from_url(small.url)
+            used = int(plain.info("memory")["used_memory"])
+            plain.config_set("maxmemory", used + 200_000)
+            plain.close()
+            batch = [b"x" * 10_000] * 50
+            with pytest.raises(streamsub.ResourceExhaustedError, match="maxmemory"):  # noqa: PT012
+                for _ in range(100):  # 50 MB in all: one of these is refused
+                    await client.publish_many("orders", batch)
+
+
+async def test_retention_of_a_dead_letter_topic_is_enforced_for_its_subscribers(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A subscriber's client keeps the subscription's dead-letter topic within its policy."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url, retention_interval=0.05) as client:
+        await client.create_topic("orders", partitions=PARTITIONS)
+        await client.create_topic("dead", partitions=2, retention=streamsub.Retention(max_length=5))
+        await client.create_subscription(
+            "billing", topic="orders", dead_letter_topic="dead", max_delivery_attempts=1
+        )
+
+        async def refuse(message: streamsub.Message) -> None:
+            raise RuntimeError("poison")
+
+        dead = [_stream("dead", p) for p in range(2)]
+        async with client.subscribe("billing", refuse) as subscriber:
+            for i in range(60):
+                await client.publish("orders", str(i).encode())
+            await until(lambda: subscriber.statistics().dead_lettered == 60, 30, "60 dead letters")
+            await until(
+                lambda: all(int(redis_client.xlen(key)) <= 5 for key in dead),
+                30,
+                "the dead-letter topic trimmed to 5 per partition",
+            )
+        assert 0 < sum(int(redis_client.xlen(key)) for key in dead) <= 10
+
+
+async def test_trimmer_pass_uses_its_clock_and_watches_subscriptions(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """A trimmer pass ages entries by its injected clock, covers the topics of the
+    subscriptions it watches, and releases the topic's lock afterwards."""
+    await client.create_topic(
+        "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=60)
+    )
+    await client.create_subscription("reader", topic="events", start="earliest")
+    await _fill(client, "events", 100)
+    for p, ids in _read(redis_client, "events", "reader", 10_000).items():
+        redis_client.xack(_stream("events", p), "reader", *ids)
+    now = time.time()
+    backend = RedisBackend(server.url)
+    try:
+        clock = [now]
+        trimmer = Trimmer(backend, interval=60, clock=lambda: clock[0])
+        trimmer._subscriptions.add("reader")  # what watch_subscription records
+        assert (await trimmer.run_once())["events"].trimmed == 0  # nothing is old yet
+        clock[0] = now + 61
+        results = await trimmer.run_once()
+    finally:
+        await backend.close()
+    assert results["events"].trimmed == 100 * PARTITIONS
+    assert _lengths(redis_client, "events") == [0] * PARTITIONS
+    assert redis_client.exists("ss:lock:retention:events") == 0
+
+
+async def test_a_user_without_info_still_connects_and_trims(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A Redis user denied INFO can connect and enforce retention (memory policy and
+    version unknown: the safe-point path is used)."""
+    redis_client.flushall()
+    redis_client.acl_setuser(
+        "no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+        commands=["+@all", "-info"],
+    )  # fmt: skip
+    try:
+        url = f"redis://no-info:secret@127.0.0.1:{server.port}/0"
+        async with streamsub.connect(url, trim_in_background=False) as client:
+            await client.create_topic(
+                "orders", partitions=2, retention=streamsub.Retention(max_length=5)
+            )
+            await client.publish_many("orders", [b"x"] * 30)
+            result = await client.enforce_retention("orders")
+        assert result.trimmed == 25  # one publish_many batch: one partition of 30
+        assert all(int(redis_client.xlen(_stream("orders", p))) <= 5 for p in range(2))
+    finally:
+        redis_client.acl_deluser("no-info")

@@ -1,0 +1,119 @@
+"""Operator statistics on a real Redis, checked against known traffic."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis
+
+import streamsub
+from streamsub.testing import RedisServer
+
+PARTITIONS = 4
+PER_PARTITION = 40
+
+
+@pytest.fixture
+async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterator[streamsub.Client]:
+    """A client on an emptied server that trims only when a test asks it to."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url, trim_in_background=False) as connected:
+        yield connected
+
+
+def _stream(topic: str, partition: int) -> str:
+    return f"ss:{{{topic}.{partition}}}"
+
+
+async def make_known_traffic(client: streamsub.Client, redis_client: redis.Redis) -> list[str]:
+    """160 messages over 4 partitions; billing holds 10, 10, 5, 5 of them (consumers c1
+    and c2, 3 delivered twice); audit has read nothing; 3 entries in billing's
+    dead-letter topic."""
+    await client.create_topic("orders", partitions=PARTITIONS)
+    await client.create_topic("dead", partitions=2)
+    await client.create_subscription("billing", topic="orders", dead_letter_topic="dead")
+    await client.create_subscription("audit", topic="orders")
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < PARTITIONS:
+        keys.setdefault(streamsub.fnv1a_32(f"k{i}".encode()) % PARTITIONS, f"k{i}")
+        i += 1
+    ids = await client.publish_many(
+        "orders",
+        [
+            streamsub.OutgoingMessage(data=b"x" * 100, ordering_key=keys[p])
+            for _ in range(PER_PARTITION)
+            for p in range(PARTITIONS)
+        ],
+    )
+    for p, consumer, count in ((0, "c1", 10), (1, "c1", 10), (2, "c2", 5), (3, "c2", 5)):
+        redis_client.xreadgroup("billing", consumer, {_stream("orders", p): ">"}, count=count)
+    first = [
+        e["message_id"]
+        for e in redis_client.xpending_range(_stream("orders", 0), "billing", "-", "+", 3)
+    ]
+    redis_client.xclaim(_stream("orders", 0), "billing", "c1", 0, first)
+    await client.publish_many("dead", [b"a", b"b", b"c"])
+    return ids
+
+
+async def test_stats_report_known_traffic(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """stats() reports each topic's length, memory and publish rate, and each
+    subscription's backlog, pending per partition and consumer, delivery attempts,
+    oldest unacknowledged age and dead-letter depth, as the traffic made them."""
+    started = time.time()
+    ids = await make_known_traffic(client, redis_client)
+    stats = await client.stats("orders")
+
+    (topic,) = stats.topics
+    assert topic.topic == "orders"
+    assert topic.length == 160
+    assert topic.lengths == (40, 40, 40, 40)
+    assert topic.memory_bytes is not None
+    assert topic.memory_bytes > 160 * 100
+    assert topic.publish_rate == pytest.approx(160 / 10)
+    assert topic.dropped_unacked == 0
+
+    audit, billing = stats.subscriptions
+    assert (billing.subscription, billing.topic) == ("billing", "orders")
+    assert billing.pending == 30
+    assert billing.backlog == 130
+    assert [(p.partition, p.backlog, p.pending) for p in billing.partitions] == [
+        (0, 30, 10),
+        (1, 30, 10),
+        (2, 35, 5),
+        (3, 35, 5),
+    ]
+    assert billing.pending_per_consumer == {"c1": 20, "c2": 10}
+    assert billing.delivery_attempts == {1: 27, 2: 3}
+    assert billing.dead_letters == 3
+    oldest_ms = min(int(i.split("-")[1]) for i in ids)
+    assert billing.oldest_unacked_age is not None
+    assert billing.oldest_unacked_age == pytest.approx(time.time() - oldest_ms / 1000, abs=1.0)
+    assert billing.oldest_unacked_age <= time.time() - started + 1
+
+    assert (audit.backlog, audit.pending, audit.dead_letters) == (160, 0, None)
+    assert audit.pending_per_consumer == {}
+    assert audit.delivery_attempts == {}
+
+
+async def test_stats_count_retention_losses(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """A topic's stats show how many unacknowledged messages its hard cap dropped."""
+    await make_known_traffic(client, redis_client)
+    await client.update_topic_retention(
+        "orders", streamsub.Retention(max_length=15, drop_unacked=True)
+    )
+    result = await client.enforce_retention("orders")
+    stats = await client.stats()
+    orders = next(t for t in stats.topics if t.topic == "orders")
+    # Each partition drops 25 entries, every one unacknowledged by audit.
+    assert result.dropped_unacked == 100
+    assert orders.dropped_unacked == 100
+    assert orders.lengths == (15, 15, 15, 15)
+    assert [t.topic for t in stats.topics] == ["dead", "orders"]
