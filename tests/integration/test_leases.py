@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 
+import pytest
 import redis
 
 import streamsub
@@ -182,3 +184,23 @@ async def test_a_crashed_consumers_messages_come_back_while_a_long_nack_waits(
         await until(lambda: sub.statistics().nacked == 1, 5, "the poison message nacked")
         await until(lambda: len(seen) == 21, 5, "the crashed consumer's 20 messages")
     assert time.monotonic() - read_at < 3.5
+
+
+async def test_messages_acked_while_their_lease_is_extended_are_not_reported_lost(
+    client: streamsub.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With one subscriber nobody can take a message, so no lease is reported lost,
+    even when thousands are acked while extensions are on their way (leases
+    extended every 0.1 s)."""
+    caplog.set_level(logging.WARNING, logger="streamsub")
+    await client.create_topic("busy", partitions=4)
+    await client.create_subscription("busy-sub", topic="busy", ack_deadline=0.3)
+    await client.publish_many("busy", [f"m{i}".encode() for i in range(5000)])
+
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.05 + (hash(message.data) % 100) / 1000)
+
+    async with client.subscribe("busy-sub", handler) as sub:
+        await until(lambda: sub.statistics().acked == 5000, 30, "5000 acked")
+    lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+    assert lost == []
