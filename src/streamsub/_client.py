@@ -155,6 +155,8 @@ def _check_retention(retention: object) -> None:
         raise InvalidTypeError(
             f"retention must be a streamsub.Retention or None, got {retention!r}"
         )
+
+
 _subscriber_numbers = itertools.count(1)
 
 
@@ -578,9 +580,7 @@ class Client:
         metrics.on_published(topic, len(ids))
         return ids
 
-    async def _publish_many(
-        self, topic: str, messages: list[OutgoingMessage | bytes]
-    ) -> list[str]:
+    async def _publish_many(self, topic: str, messages: list[OutgoingMessage | bytes]) -> list[str]:
         max_bytes = self._limits.max_message_bytes
         # The trace context of the publish span, the same for every message.
         context = tracing.inject({}) if tracing.ENABLED else None
@@ -818,9 +818,7 @@ class Client:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgumentError(f"limit must be an int from 1 to 10000, got {limit!r}")
         topic = await self._dead_letter_topic(subscription)
-        return await deadletters.find_dead_letters(
-            self._backend, topic, subscription, limit=limit
-        )
+        return await deadletters.find_dead_letters(self._backend, topic, subscription, limit=limit)
 
     async def get_dead_letter(self, subscription: str, message_id: str) -> DeadLetter:
         """One dead letter of ``subscription`` by its id in the dead-letter topic."""

@@ -92,6 +92,61 @@ async def test_metrics_endpoint_reports_known_traffic(client: streamsub.Client) 
     )
 
 
+async def test_metrics_endpoint_reports_a_subscribers_known_traffic(
+    client: streamsub.Client,
+) -> None:
+    """Known traffic through a subscriber: 60 messages on 4 partitions, three
+    dead-lettered, nine nacked once and then acked: a scrape shows delivered,
+    redelivered, acked, nacked, dead-lettered and both latency counts exactly."""
+    metrics.reset()
+    await client.create_topic("jobs", partitions=PARTITIONS)
+    await client.create_topic("jobs-dead", partitions=1)
+    await client.create_subscription(
+        "workers",
+        topic="jobs",
+        dead_letter_topic="jobs-dead",
+        max_delivery_attempts=5,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.1, maximum_backoff=0.1),
+    )
+    await client.publish_many("jobs", [str(i).encode() for i in range(60)])
+
+    def handle(message: streamsub.Message) -> None:
+        n = int(message.data)
+        if n % 20 == 0:
+            message.dead_letter("bad input")
+        elif n % 6 == 0 and message.delivery_attempt == 1:
+            message.nack()
+        else:
+            message.ack()
+
+    async with client.subscribe("workers", handle, ack_mode="manual") as sub:
+        await until(
+            lambda: sub.statistics().acked == 57 and sub.statistics().dead_lettered == 3,
+            10,
+            "57 acked and 3 dead-lettered",
+        )
+    server = metrics.serve(_free_port())
+    try:
+        port = server.server_address[1]
+        text = await asyncio.to_thread(_scrape, f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.shutdown()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    label = (("subscription", "workers"),)
+    nacked = len([n for n in range(60) if n % 6 == 0 and n % 20])  # 9
+    assert samples[("streamsub_delivered_total", label)] == 60 + nacked
+    assert samples[("streamsub_redelivered_total", label)] == nacked
+    assert samples[("streamsub_acked_total", label)] == 57
+    assert samples[("streamsub_nacked_total", label)] == nacked
+    assert samples[("streamsub_dead_lettered_total", label)] == 3
+    assert samples[("streamsub_handler_seconds_count", label)] == 60 + nacked
+    assert samples[("streamsub_end_to_end_seconds_count", label)] == 57
+
+
 async def test_a_trace_spans_publish_and_handling(
     client: streamsub.Client, spans: InMemorySpanExporter
 ) -> None:
@@ -109,7 +164,7 @@ async def test_a_trace_spans_publish_and_handling(
     async def handle(message: streamsub.Message) -> None:
         seen[message.message_id] = dict(message.attributes)
 
-    async with client.subscribe("billing", tracing.traced(handle, "billing")):
+    async with client.subscribe("billing", handle):  # the subscriber traces handling
         await until(lambda: len(seen) == len(ids), 30, "every message handled")
 
     finished = spans.get_finished_spans()

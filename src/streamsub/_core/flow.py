@@ -43,6 +43,7 @@ __all__ = ["FlowController", "FlowStatistics", "Grant"]
 
 T = TypeVar("T")
 
+
 class Grant(NamedTuple):
     """A reservation for one read or reclaim: messages, and bytes at the estimate."""
 

@@ -16,9 +16,11 @@ import contextvars
 import functools
 import inspect
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .. import metrics, tracing
 from .._message import Message
 
 __all__ = ["DEFAULT_HANDLER_THREADS", "Dispatcher", "Handler", "is_async_handler"]
@@ -45,8 +47,12 @@ class Dispatcher:
         handler: Handler,
         *,
         done: Callable[[Message, BaseException | None], None],
+        subscription: str,
         threads: int = DEFAULT_HANDLER_THREADS,
     ) -> None:
+        self._subscription = subscription
+        if tracing.ENABLED:  # each handling in a span, the child of its publish span
+            handler = tracing.traced(handler, subscription)
         self._handler = handler
         self._done = done
         self._is_async = is_async_handler(handler)
@@ -71,6 +77,7 @@ class Dispatcher:
     async def _run_async(self, message: Message) -> None:
         # The task takes itself out of the set as it ends: cheaper than a done
         # callback, which costs one more turn of the loop per message.
+        started = time.perf_counter()
         try:
             await self._handler(message)  # type: ignore[misc]
         except asyncio.CancelledError as exc:
@@ -82,6 +89,7 @@ class Dispatcher:
             self._done(message, exc)
         else:
             self._done(message, None)
+        metrics.observe_handler_latency(self._subscription, time.perf_counter() - started)
         self._tasks.discard(asyncio.current_task())
 
     async def _run_sync(self, message: Message) -> None:
@@ -92,6 +100,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         call = functools.partial(context.run, self._handler, message)
+        started = time.perf_counter()
         try:
             result = await loop.run_in_executor(self._executor, call)
             if inspect.isawaitable(result):
@@ -105,6 +114,7 @@ class Dispatcher:
             self._done(message, exc)
         else:
             self._done(message, None)
+        metrics.observe_handler_latency(self._subscription, time.perf_counter() - started)
         self._tasks.discard(asyncio.current_task())
 
     async def drain(self, timeout: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from .. import metrics
 from .._backends.base import Entry, Reclaimed
 from .._core.codec import Decoded, UndecodableEntry, decode
 from .._core.deadletter import UNDECODABLE
@@ -100,6 +101,9 @@ class Intake:
                 )
             )
         self._inventory.take(messages, grant, aside=aside)
+        if messages:
+            redelivered = sum(1 for m in messages if m.delivery_attempt > 1)
+            metrics.on_delivered(self._group, len(messages), redelivered=redelivered)
 
     def _give_back(self, entries: list[Entry], reclaimed: Sequence[Reclaimed] | None) -> list[int]:
         """Give back what arrives while stopping; return the sizes held aside (out of

@@ -160,7 +160,9 @@ class Receiver:
             has_dead_letter_topic=dead_letter_topic is not None,
             wall_clock=wall_clock,
         )
-        self._dispatcher = Dispatcher(handler, done=self._handled, threads=handler_threads)
+        self._dispatcher = Dispatcher(
+            handler, done=self._handled, subscription=subscription.name, threads=handler_threads
+        )
         self._inventory.connect(self._dispatcher.start)
         share = max(1, -(-flow_control.max_messages // READ_SHARE))
         self._readers = [

@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+from .. import metrics
 from .._backends.base import Backend, Reclaimed, TopicRecord
 from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
@@ -153,6 +154,7 @@ class Reclaimer:
                 entry = item.entry
                 if item.state == "lost":
                     self._counters.lost += 1
+                    metrics.on_lost(self._group)
                     log.error(
                         "streamsub: message %s-%s of %r was trimmed before it was acknowledged "
                         "and is lost",

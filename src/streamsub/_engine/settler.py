@@ -15,9 +15,11 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from .. import metrics
 from .._backends.base import Backend, NackItem, TopicRecord
 from .._core.codec import Decoded, Encoded
 from .._core.deadletter import dead_letter_message
@@ -306,6 +308,7 @@ class Settler:
             try:
                 if acks:
                     await self._backend.ack(self._topic, self._group, acks, forget)
+                    self._acked(acks)
                     acks = forget = {}
                 if owned:
                     await self._send_owned_acks(owned)
@@ -329,6 +332,20 @@ class Settler:
                 await errors.wait("settling", exc)
                 continue
             errors.reset()
+            metrics.set_in_flight(self._group, len(self._inventory.held))
+
+    def _acked(self, acks: dict[int, list[str]]) -> None:
+        """Report acks the server took, with their end-to-end latency (publish time
+        is the entry id's milliseconds)."""
+        group = self._group
+        now_ms = time.time() * 1000
+        count = 0
+        for entry_ids in acks.values():
+            count += len(entry_ids)
+            for entry_id in entry_ids:
+                published_ms = int(entry_id[: entry_id.index("-")])
+                metrics.observe_end_to_end_latency(group, (now_ms - published_ms) / 1000)
+        metrics.on_acked(group, count)
 
     def close(self) -> None:
         """Finish once the queues are empty."""
@@ -363,6 +380,7 @@ class Settler:
         }
         acked = await self._backend.ack_owned(self._topic, self._group, self._consumer, ids)
         _answer(owned, acked, "acknowledged")
+        self._acked(acked)
 
     async def _send_owned_nacks(self, owned: dict[int, list[_OwnedAck]]) -> None:
         items = {
@@ -385,6 +403,9 @@ class Settler:
         self._nacked(nacks)
 
     def _nacked(self, nacks: dict[int, list[NackItem]]) -> None:
+        metrics.on_nacked(
+            self._group, sum(1 for items in nacks.values() for i in items if i.handled)
+        )
         if not self._closing:
             self._on_nacked(min(item.delay_ms for items in nacks.values() for item in items) / 1000)
 
@@ -420,6 +441,7 @@ class Settler:
             )
             return
         self._counters.dead_lettered += 1
+        metrics.on_dead_lettered(self._group)
         log.warning(
             "streamsub: message %s-%s of %r went to dead-letter topic %r as %s",
             dead.partition,

@@ -72,6 +72,8 @@ def redact(url: str) -> str:
 
 def _retention_json(retention: Retention | None) -> str:
     return "" if retention is None else json.dumps(retention.to_dict(), sort_keys=True)
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
