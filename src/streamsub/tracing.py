@@ -9,10 +9,7 @@ span, so one trace spans publish and handling, across processes. A message
 that already carries a ``traceparent`` keeps it.
 
 Without opentelemetry every function here does nothing and costs a check.
-Wrap a handler with :func:`traced` to run it in the handling span::
-
-    async with client.subscribe("billing", streamsub.tracing.traced(handle, "billing")):
-        ...
+Subscribers wrap their handler with :func:`traced` themselves.
 """
 
 from __future__ import annotations
