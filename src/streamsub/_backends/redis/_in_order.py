@@ -12,12 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 __all__ = ["InOrderConnection"]
+
+_COMMAND_NAME = inspect.signature(aioredis.ConnectionPool.get_connection).parameters.get(
+    "command_name"
+)
+_POOL_NEEDS_COMMAND_NAME = (
+    _COMMAND_NAME is not None and _COMMAND_NAME.default is inspect.Parameter.empty
+)
+"""redis-py before 5.3 requires a command name (unused) to take a pooled
+connection; 5.3 made it optional and later versions warn when it is given."""
+
+
+async def _take(pool: Any) -> Any:
+    if _POOL_NEEDS_COMMAND_NAME:
+        return await pool.get_connection("EVAL")
+    return await pool.get_connection()
 
 
 class InOrderConnection:
@@ -36,7 +52,7 @@ class InOrderConnection:
         loop = asyncio.get_running_loop()
         async with self._send_lock:
             if self._connection is None:
-                self._connection = await self._pool.get_connection()
+                self._connection = await _take(self._pool)
             connection = self._connection
             futures = [loop.create_future() for _ in commands]
             self._waiting.extend(futures)
