@@ -17,6 +17,8 @@ are translated once, at the backend boundary, with the original kept as
     ├── AckError                                   an ack that did not take
     └── BackendError                               the world broke it
         └── UnavailableError                       the server cannot be reached
+            ├── AuthenticationError                it refused the user or password
+            └── CertificateError                   its TLS certificate is not trusted
 
 "Bad input", "you closed it" and "the world broke it" are different classes, so
 a caller can retry the last kind and fix the first.
@@ -30,7 +32,9 @@ __all__ = [
     "AckError",
     "AckStatus",
     "AlreadyExistsError",
+    "AuthenticationError",
     "BackendError",
+    "CertificateError",
     "ClosedError",
     "FailedPreconditionError",
     "InvalidArgumentError",
@@ -107,3 +111,19 @@ class BackendError(StreamsubError):
 
 class UnavailableError(BackendError):
     """The server cannot be reached; the message names the URL and what to try."""
+
+
+class AuthenticationError(UnavailableError):
+    """The server refused the user name or password (ACL ``WRONGPASS``, ``NOAUTH``).
+
+    The message never contains the password; fix the URL's credentials or the
+    server's ACL user.
+    """
+
+
+class CertificateError(UnavailableError):
+    """The server's TLS certificate could not be verified against the trusted CAs.
+
+    Check ``ssl_ca_certs`` (the CA that signed the server's certificate) and
+    that the URL's host name is one the certificate names.
+    """
