@@ -113,6 +113,16 @@ class TopicPublisher:
     def topic(self) -> TopicRecord:
         return self._topic
 
+    @property
+    def queued(self) -> tuple[int, int]:
+        """Messages and bytes published and not yet handed to a write."""
+        return self._queued_messages, self._queued_bytes
+
+    @property
+    def waiting_for_room(self) -> int:
+        """Publish calls waiting for the queue to have room."""
+        return len(self._admission)
+
     def _partition(self, message: Encoded) -> int:
         key = message.ordering_key
         if key is None:
