@@ -278,7 +278,7 @@ class RedisBackend:
                     f"a subscription's consumer group is gone ({exc}): the subscription or "
                     "its topic was deleted; create it again with create_subscription()"
                 ) from exc
-            if str(exc).startswith("NOPERM"):
+            if isinstance(exc, rexc.NoPermissionError):  # NOPERM, also inside a pipeline
                 raise BackendError(
                     f"Redis at {self.url} denied this user a command or key: {exc}; give the "
                     "user streamsub's ACL rule (README, Security)"
