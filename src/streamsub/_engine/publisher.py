@@ -148,14 +148,14 @@ class TopicPublisher:
         self._admission.append(future)
         try:
             await future
-        finally:
-            if self._admission and self._admission[0] is future:
-                self._admission.popleft()
-            else:
-                with contextlib.suppress(ValueError):
-                    self._admission.remove(future)
-            if future.cancelled():
-                self._let_in()
+        except BaseException:  # failed, or cancelled: make way for the next one
+            with contextlib.suppress(ValueError):
+                self._admission.remove(future)
+            self._let_in()
+            raise
+        # Only the first waiter is woken: it leaves the line and queues its
+        # messages before the next one runs, which keeps call order.
+        self._admission.popleft()
 
     def _let_in(self) -> None:
         """Wake the first publish waiting for room, if there is room."""
