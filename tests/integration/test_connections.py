@@ -87,3 +87,14 @@ def test_connection_options_with_a_custom_backend_are_refused(server: RedisServe
     backend = RedisBackend(server.url)
     with pytest.raises(streamsub.InvalidArgumentError, match="backend"):
         streamsub.connect(backend=backend, socket_timeout=3.0)
+
+
+def test_a_missing_ca_file_is_named_at_connect() -> None:
+    """An ssl_ca_certs path that is not a file is refused when the client is made,
+    naming the path, instead of failing later as an unreachable server."""
+    for url, keyword in (
+        ("rediss://127.0.0.1:1/0", "/nonexistent/ca.pem"),
+        ("rediss://127.0.0.1:1/0?ssl_ca_certs=/nonexistent/ca.pem", None),
+    ):
+        with pytest.raises(streamsub.InvalidArgumentError, match=r"/nonexistent/ca\.pem"):
+            streamsub.connect(url, ssl_ca_certs=keyword)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import ssl
 import urllib.parse
@@ -183,6 +184,16 @@ class RedisBackend:
                 f"TLS options ({', '.join([*options, *tls_query])}) need a rediss:// URL, "
                 f"not {redact(url)!r}"
             )
+        tls_files = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
+        tls_files.update(options)
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            path = tls_files.get(name)
+            if path is not None and not os.path.isfile(path):
+                raise InvalidArgumentError(
+                    f"{name} names {path!r}, which is not a file: give the PEM file of the "
+                    "CA that signed the server's certificate (ssl_ca_certs) or your "
+                    "client certificate and key"
+                )
         if scheme in ("redis", "rediss"):  # TCP: unix sockets take no keepalive
             options["socket_keepalive"] = True
             options["socket_keepalive_options"] = _KEEPALIVE_OPTIONS
