@@ -170,24 +170,18 @@ class RedisBackend:
                 f"socket_timeout must be seconds from 0 to 3600, got {socket_timeout!r}; "
                 f"keep it above the subscriber's longest read block ({MAX_READ_BLOCK:g} s)"
             )
-        scheme = urllib.parse.urlsplit(url).scheme
+        parts = urllib.parse.urlsplit(url)
+        scheme, query = parts.scheme, dict(urllib.parse.parse_qsl(parts.query))
         options: dict[str, Any] = {}
         if ssl_ca_certs is not None:
             options["ssl_ca_certs"] = str(ssl_ca_certs)
-        tls_query = [
-            name
-            for name, _ in urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query)
-            if name.startswith("ssl_")
-        ]
-        if scheme != "rediss" and (options or tls_query):
+        tls = {**{k: v for k, v in query.items() if k.startswith("ssl_")}, **options}
+        if scheme != "rediss" and tls:
             raise InvalidArgumentError(
-                f"TLS options ({', '.join([*options, *tls_query])}) need a rediss:// URL, "
-                f"not {redact(url)!r}"
+                f"TLS options ({', '.join(tls)}) need a rediss:// URL, not {redact(url)!r}"
             )
-        tls_files = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))
-        tls_files.update(options)
         for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
-            path = tls_files.get(name)
+            path = tls.get(name)
             if path is not None and not os.path.isfile(path):
                 raise InvalidArgumentError(
                     f"{name} names {path!r}, which is not a file: give the PEM file of the "
