@@ -3,6 +3,7 @@ publishing connection, and the options connect() takes."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from streamsub._backends.redis._backend import MAX_READ_BLOCK, SOCKET_TIMEOUT
 from streamsub._backends.redis._in_order import InOrderConnection
 from streamsub.testing import RedisServer
 from tests._proxy import Proxy
+from tests._wait import until
 
 
 @pytest.mark.slow
@@ -98,3 +100,29 @@ def test_a_missing_ca_file_is_named_at_connect() -> None:
     ):
         with pytest.raises(streamsub.InvalidArgumentError, match=r"/nonexistent/ca\.pem"):
             streamsub.connect(url, ssl_ca_certs=keyword)
+
+
+async def test_more_concurrent_commands_than_connections_wait_for_one(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With every pooled connection busy (two blocking reads on a pool of three, one
+    of which publishing keeps), other commands wait for a free connection instead
+    of failing with 'Too many connections'."""
+    redis_client.flushall()
+    backend = RedisBackend(server.url, max_connections=3)
+    try:
+        topic = await backend.create_topic(TopicRecord("busy", 1, "", time.time()))
+        await backend.append(topic, {0: b""})  # the publishing connection takes one
+        redis_client.xgroup_create("ss:{busy.0}", "readers", id="$")
+        reads = [
+            asyncio.ensure_future(backend.read(topic, "readers", f"r{i}", [0], 1, 500))
+            for i in range(2)
+        ]
+        await until(
+            lambda: redis_client.info("clients")["blocked_clients"] == 2, 5, "two blocked reads"
+        )
+        lookups = await asyncio.gather(*(backend.get_topic("busy") for _ in range(4)))
+        assert lookups == [topic] * 4
+        assert await asyncio.gather(*reads) == [[], []]
+    finally:
+        await backend.close()

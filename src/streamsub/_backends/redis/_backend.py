@@ -195,8 +195,12 @@ class RedisBackend:
         # results are checked where they are read instead.
         self._redis: Any
         try:
-            self._redis = aioredis.Redis.from_url(
+            # Blocking: with every connection busy (blocking reads hold theirs for
+            # up to a read block), a command waits for one, up to socket_timeout,
+            # instead of failing with "Too many connections".
+            pool = aioredis.BlockingConnectionPool.from_url(
                 url,
+                timeout=socket_timeout,
                 decode_responses=False,
                 max_connections=max_connections,
                 socket_timeout=socket_timeout,
@@ -209,6 +213,7 @@ class RedisBackend:
                 retry_on_error=[rexc.ConnectionError],
                 **options,
             )
+            self._redis = aioredis.Redis.from_pool(pool)
             # Entries stay flat lists (field, value, ...): redis-py's default
             # turns each into a dict, which costs more than decoding it.
             self._redis.set_response_callback("XREADGROUP", _raw)

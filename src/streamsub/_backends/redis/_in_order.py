@@ -20,18 +20,15 @@ import redis.exceptions as rexc
 
 __all__ = ["InOrderConnection"]
 
-_COMMAND_NAME = inspect.signature(aioredis.ConnectionPool.get_connection).parameters.get(
-    "command_name"
-)
-_POOL_NEEDS_COMMAND_NAME = (
-    _COMMAND_NAME is not None and _COMMAND_NAME.default is inspect.Parameter.empty
-)
-"""redis-py before 5.3 requires a command name (unused) to take a pooled
-connection; 5.3 made it optional and later versions warn when it is given."""
+def _needs_command_name(pool: Any) -> bool:
+    """redis-py before 5.3 requires a command name (unused) to take a pooled
+    connection; 5.3 made it optional and later versions warn when it is given."""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 async def _take(pool: Any) -> Any:
-    if _POOL_NEEDS_COMMAND_NAME:
+    if _needs_command_name(pool):
         return await pool.get_connection("EVAL")
     return await pool.get_connection()
 
