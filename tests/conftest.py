@@ -11,6 +11,7 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisServer, redis_server
+from tests._proxy import Proxy
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +49,10 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
 def data_dir(tmp_path: Path) -> Path:
     """A private directory for a test's own servers."""
     return tmp_path
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Proxy]:
+    """An unstarted TCP proxy on loopback (tests/_proxy.py), closed when the test ends."""
+    async with Proxy() as running:
+        yield running

@@ -174,6 +174,8 @@ def connect(
     backend: Backend | None = None,
     trim_in_background: bool = True,
     retention_interval: float = DEFAULT_RETENTION_INTERVAL,
+    socket_timeout: float | None = None,
+    ssl_ca_certs: str | os.PathLike[str] | None = None,
 ) -> Client:
     """A client for the server at ``url`` (default: ``$STREAMSUB_URL``, else
     ``redis://localhost:6379/0``); use it as ``async with connect(...) as client``.
@@ -184,11 +186,29 @@ def connect(
     retention of the topics it publishes to and of the subscriptions it
     subscribes to (their topics and dead-letter topics) every
     ``retention_interval`` seconds (default 5), one client per topic at a time.
+
+
+    ``socket_timeout`` (default 10 s) is how long a command waits for its
+    reply before the connection counts as dead: a ``publish`` on a connection
+    gone silent raises :class:`UnavailableError` about that long after it was
+    called. Keep it above 5 s if this client subscribes (a subscriber's reads
+    block up to that long). ``ssl_ca_certs`` is the CA file that signed a
+    ``rediss://`` server's certificate (or ``?ssl_ca_certs=/path`` in the URL).
     """
     if backend is None:
         from ._backends.redis import RedisBackend
+        from ._backends.redis._backend import SOCKET_TIMEOUT
 
-        backend = RedisBackend(url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL)
+        backend = RedisBackend(
+            url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL,
+            socket_timeout=SOCKET_TIMEOUT if socket_timeout is None else socket_timeout,
+            ssl_ca_certs=None if ssl_ca_certs is None else os.fspath(ssl_ca_certs),
+        )
+    elif socket_timeout is not None or ssl_ca_certs is not None:
+        raise InvalidArgumentError(
+            "socket_timeout and ssl_ca_certs configure the Redis connection; "
+            "with backend=..., set them on the backend instead"
+        )
     return Client(
         backend,
         batch_settings=batch_settings,

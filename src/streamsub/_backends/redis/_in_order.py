@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -19,62 +20,126 @@ import redis.exceptions as rexc
 
 __all__ = ["InOrderConnection"]
 
+def _needs_command_name(pool: Any) -> bool:
+    """redis-py before 5.3 requires a command name (unused) to take a pooled
+    connection; 5.3 made it optional and later versions warn when it is given."""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+async def _take(pool: Any) -> Any:
+    if _needs_command_name(pool):
+        return await pool.get_connection("EVAL")
+    return await pool.get_connection()
+
 
 class InOrderConnection:
-    """One connection of ``client``'s pool, dedicated to in-order pipelining."""
+    """One connection of ``client``'s pool, dedicated to in-order pipelining.
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    It bypasses redis-py's command path, so it keeps its own time limits: a
+    call fails with ``redis.exceptions.TimeoutError`` when its replies have not
+    all come ``timeout`` seconds after it started (connecting, a health check
+    and waiting behind earlier calls included), and the connection is dropped,
+    failing every call in flight on it. A connection idle for more than
+    ``health_check_interval`` seconds is PINGed before use, and replaced at
+    once when that finds it reset.
+    """
+
+    def __init__(
+        self, client: aioredis.Redis, *, timeout: float, health_check_interval: float
+    ) -> None:
         self._pool: Any = client.connection_pool
+        self._timeout = timeout
+        self._health_check_interval = health_check_interval
         self._connection: Any = None
-        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        # Each reply's future, and the loop time by which it must have come.
+        self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._send_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
+        self._last_used = 0.0
+
+    def _timed_out(self) -> rexc.TimeoutError:
+        return rexc.TimeoutError(
+            f"no reply from Redis within {self._timeout:g} s (the socket timeout)"
+        )
 
     async def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send commands behind those already sent, in one write; return their
         replies (an error reply as the exception, in its place)."""
         loop = asyncio.get_running_loop()
-        async with self._send_lock:
-            if self._connection is None:
-                self._connection = await self._pool.get_connection()
-            connection = self._connection
-            futures = [loop.create_future() for _ in commands]
-            self._waiting.extend(futures)
+        deadline = loop.time() + self._timeout
+        futures = [loop.create_future() for _ in commands]
+        try:
+            async with asyncio.timeout_at(deadline), self._send_lock:
+                connection = await self._usable_connection(loop)
+                self._waiting.extend((future, deadline) for future in futures)
+                try:
+                    await connection.send_packed_command(
+                        connection.pack_commands(commands), check_health=False
+                    )
+                except BaseException as exc:
+                    await self._broken(connection, exc)
+                    raise
+                self._last_used = loop.time()
+                if self._reader is None or self._reader.done():
+                    self._reader = loop.create_task(self._read(connection))
+        except TimeoutError:  # asyncio's, from timeout_at: connecting or sending stalled
+            raise self._timed_out() from None
+        finally:
+            for future in futures:  # failed by _broken before anyone awaits them
+                if future.done() and not future.cancelled():
+                    future.exception()
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = await _take(self._pool)
+        elif not self._waiting and loop.time() - self._last_used > self._health_check_interval:
+            # Idle long enough to have died unseen (a NAT, a failover). Nothing
+            # is in flight, so PING's reply is the next one on the connection.
             try:
-                await connection.send_packed_command(
-                    connection.pack_commands(commands), check_health=False
-                )
+                await connection.send_command("PING", check_health=False)
+                await connection.read_response()
+            except rexc.ConnectionError as exc:  # reset while idle: take a fresh one
+                await self._broken(connection, exc)
+                connection = self._connection = await _take(self._pool)
             except BaseException as exc:
                 await self._broken(connection, exc)
                 raise
-            if self._reader is None or self._reader.done():
-                self._reader = loop.create_task(self._read(connection))
-        return await asyncio.gather(*futures, return_exceptions=True)
+        self._last_used = loop.time()
+        return connection
 
     async def _read(self, connection: Any) -> None:
+        loop = asyncio.get_running_loop()
         while self._waiting and connection is self._connection:
             try:
-                reply = await connection.read_response()
+                async with asyncio.timeout_at(self._waiting[0][1]):
+                    reply = await connection.read_response()
             except rexc.ResponseError as exc:
-                future = self._waiting.popleft()
+                future, _ = self._waiting.popleft()
                 if not future.done():
                     future.set_exception(exc)
+            except TimeoutError:  # asyncio's: the oldest reply is overdue
+                await self._broken(connection, self._timed_out())
+                return
             except BaseException as exc:
                 await self._broken(connection, exc)
                 if not isinstance(exc, Exception):
                     raise
                 return
             else:
-                future = self._waiting.popleft()
+                future, _ = self._waiting.popleft()
                 if not future.done():
                     future.set_result(reply)
+            self._last_used = loop.time()
 
     async def _broken(self, connection: Any, exc: BaseException) -> None:
         if connection is not self._connection:
             return
         self._connection = None
         waiting, self._waiting = self._waiting, collections.deque()
-        for future in waiting:
+        for future, _ in waiting:
             if not future.done():
                 future.set_exception(
                     exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc))

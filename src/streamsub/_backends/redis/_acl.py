@@ -1,0 +1,22 @@
+"""The least-privilege Redis ACL rule for a user that runs streamsub.
+
+README's Security section quotes :data:`ACL_RULE`, and a test runs publish,
+subscribe, dead letters and admin as a user holding exactly this rule, so the
+two cannot drift. Keys are limited to ``ss:*``; commands to the data types
+streamsub stores (streams, hashes, sets, sorted sets: the Lua scripts' commands
+are checked too), the scripts' own commands, and a few for connecting. No
+dangerous commands (FLUSHALL, CONFIG, KEYS, DEBUG, ...), no pub/sub channels.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACL_RULE"]
+
+ACL_RULE = (
+    "resetkeys ~ss:* resetchannels -@all "
+    "+@stream +@hash +@set +@sortedset "
+    "+exists +del +time "
+    "+eval +evalsha +script|load "
+    "+ping +select +hello"
+)
+"""ACL SETUSER rules, after ``on >password``: what a streamsub client needs on Redis 6.2+."""

@@ -1,0 +1,121 @@
+"""A network that goes silent or resets under a publisher, through a real TCP proxy.
+
+A silent connection (no reply, no reset: a cut cable, a dropped NAT entry) must
+make ``publish`` fail within the socket timeout, and the next publish after the
+network is back must work on a new connection. What a publish acknowledged with
+an id must be in the stream whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+import redis
+
+import streamsub
+from streamsub._backends.redis._backend import SOCKET_TIMEOUT
+from streamsub.testing import RedisServer
+from tests._proxy import Proxy
+
+
+def _stored_ids(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
+    return {
+        f"{p}-{entry_id.decode()}"
+        for p in range(partitions)
+        for entry_id, _ in redis_client.xrange(f"ss:{{{topic}.{p}}}")
+    }
+
+
+async def _publish_through_silence(
+    server: RedisServer,
+    redis_client: redis.Redis,
+    proxy: Proxy,
+    *,
+    socket_timeout: float | None,
+    batches: int,
+) -> tuple[float, list[BaseException | list[str]]]:
+    """Publish, silence the proxy, publish ``batches`` full batches at once, resume,
+    publish again; return how long the silent publishes took and their results."""
+    redis_client.flushall()
+    port = await proxy.start("127.0.0.1", server.port)
+    url = f"redis://127.0.0.1:{port}/0"
+    async with streamsub.connect(url, socket_timeout=socket_timeout) as client:
+        await client.create_topic("silent", partitions=4)
+        stored = await client.publish_many("silent", [b"before"] * 10)
+        accepted = proxy.accepted
+
+        proxy.silence()
+        started = time.monotonic()
+        chunks = [[f"{c}-{i}".encode() for i in range(1000)] for c in range(batches)]
+        results = await asyncio.gather(
+            *(client.publish_many("silent", chunk) for chunk in chunks), return_exceptions=True
+        )
+        elapsed = time.monotonic() - started
+        proxy.resume()
+
+        stored += await client.publish_many("silent", [b"after"] * 10)
+        assert proxy.accepted > accepted, "the publish after the silence reused the dead connection"
+        for result in results:
+            if isinstance(result, list):
+                stored += result
+    missing = set(stored) - _stored_ids(redis_client, "silent", 4)
+    assert not missing, f"{len(missing)} published ids are not in the stream"
+    return elapsed, results
+
+
+@pytest.mark.timeout(60)
+async def test_publish_behind_a_silent_connection_fails_within_the_socket_timeout(
+    server: RedisServer, redis_client: redis.Redis, proxy: Proxy
+) -> None:
+    """With socket_timeout=2, eight full batches published into a silent connection
+    (four in flight, four queued behind them) all raise UnavailableError within one
+    socket timeout; after the network is back the next publish succeeds on a new
+    connection, and every id that was returned is in the stream."""
+    elapsed, results = await _publish_through_silence(
+        server, redis_client, proxy, socket_timeout=2.0, batches=8
+    )
+    for result in results:
+        assert isinstance(result, streamsub.UnavailableError), result
+    message = str(results[0])
+    assert "did not answer within 2 s" in message
+    assert "may or may not" in message
+    assert 1.9 <= elapsed < 3.0, f"failed after {elapsed:.2f} s, not within one 2 s timeout"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+async def test_publish_on_a_silent_connection_fails_within_the_default_bound(
+    server: RedisServer, redis_client: redis.Redis, proxy: Proxy
+) -> None:
+    """With the default socket timeout (10 s), a publish into a silent connection
+    raises UnavailableError within that bound, and publishing works again after."""
+    elapsed, results = await _publish_through_silence(
+        server, redis_client, proxy, socket_timeout=None, batches=1
+    )
+    (result,) = results
+    assert isinstance(result, streamsub.UnavailableError), result
+    print(f"publish failed {elapsed:.2f} s after the connection went silent")
+    assert SOCKET_TIMEOUT - 0.5 <= elapsed < SOCKET_TIMEOUT + 2.0, f"took {elapsed:.2f} s"
+
+
+async def test_a_reset_connection_fails_publish_at_once_and_the_next_one_reconnects(
+    server: RedisServer, redis_client: redis.Redis, proxy: Proxy
+) -> None:
+    """A connection closed with RST under the publisher costs at most the publish in
+    its way, which fails at once (no timeout); the next publish reconnects."""
+    redis_client.flushall()
+    port = await proxy.start("127.0.0.1", server.port)
+    async with streamsub.connect(f"redis://127.0.0.1:{port}/0", socket_timeout=30.0) as client:
+        await client.create_topic("reset", partitions=2)
+        stored = await client.publish_many("reset", [b"before"] * 10)
+        proxy.reset()
+        started = time.monotonic()
+        # May or may not be stored if it fails: then not counted.
+        with contextlib.suppress(streamsub.UnavailableError):
+            stored += await client.publish_many("reset", [b"during"] * 10)
+        assert time.monotonic() - started < 2.0, "a reset connection waited for a timeout"
+        stored += await client.publish_many("reset", [b"after"] * 10)
+    assert set(stored) <= _stored_ids(redis_client, "reset", 2)

@@ -1,0 +1,128 @@
+"""Connection settings: timeouts that blocking reads never hit, health checks of the
+publishing connection, and the options connect() takes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+import streamsub
+from streamsub._backends.base import TopicRecord
+from streamsub._backends.redis import RedisBackend
+from streamsub._backends.redis._backend import MAX_READ_BLOCK, SOCKET_TIMEOUT
+from streamsub._backends.redis._in_order import InOrderConnection
+from streamsub.testing import RedisServer
+from tests._proxy import Proxy
+from tests._wait import until
+
+
+@pytest.mark.slow
+async def test_a_blocking_read_of_the_longest_block_stays_under_the_socket_timeout(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """An XREADGROUP that blocks MAX_READ_BLOCK (5 s) on an empty stream returns
+    nothing, without a timeout error, under the default socket timeout."""
+    assert MAX_READ_BLOCK * 2 <= SOCKET_TIMEOUT
+    redis_client.flushall()
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.create_topic(TopicRecord("blocking", 1, "", time.time()))
+        redis_client.xgroup_create("ss:{blocking.0}", "readers", id="$")
+        started = time.monotonic()
+        entries = await backend.read(
+            topic, "readers", "reader-1", [0], 10, int(MAX_READ_BLOCK * 1000)
+        )
+        assert entries == []
+        assert time.monotonic() - started >= MAX_READ_BLOCK - 0.1
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(("interval", "survives"), [(0.0, True), (3600.0, False)])
+async def test_a_publishing_connection_reset_while_idle_is_replaced_before_use(
+    server: RedisServer, proxy: Proxy, interval: float, survives: bool
+) -> None:
+    """The publishing connection, idle past its health-check interval, is PINGed
+    before use; one reset meanwhile is found and replaced, so the call succeeds
+    (without the check, the call in its way fails)."""
+    port = await proxy.start("127.0.0.1", server.port)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=interval)
+    try:
+        assert await connection.call_many([("PING",)]) == [b"PONG"]
+        proxy.reset()
+        reply: object
+        try:
+            (reply,) = await connection.call_many([("PING",)])
+        except redis.ConnectionError as exc:  # the write found the reset
+            reply = exc
+        assert (reply == b"PONG") == survives, reply
+        assert await connection.call_many([("PING",)]) == [b"PONG"]
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+def test_socket_timeout_must_be_positive_seconds() -> None:
+    """connect(socket_timeout=...) refuses zero, negatives and non-numbers, saying why."""
+    for bad in (0, -1.0, "10", True):
+        with pytest.raises(streamsub.InvalidArgumentError, match="socket_timeout"):
+            streamsub.connect("redis://127.0.0.1:1/0", socket_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_tls_options_need_a_rediss_url() -> None:
+    """A CA file with a redis:// (plain) URL is refused before connecting: it would be
+    silently ignored or fail later with a confusing error."""
+    with pytest.raises(streamsub.InvalidArgumentError, match=r"rediss://"):
+        streamsub.connect("redis://127.0.0.1:1/0", ssl_ca_certs="/tmp/ca.pem")
+    with pytest.raises(streamsub.InvalidArgumentError, match=r"ssl_ca_certs"):
+        streamsub.connect("redis://127.0.0.1:1/0?ssl_ca_certs=/tmp/ca.pem")
+
+
+def test_connection_options_with_a_custom_backend_are_refused(server: RedisServer) -> None:
+    """socket_timeout and ssl_ca_certs belong to the Redis connection: passing them
+    with backend=... is an error, not silently ignored."""
+    backend = RedisBackend(server.url)
+    with pytest.raises(streamsub.InvalidArgumentError, match="backend"):
+        streamsub.connect(backend=backend, socket_timeout=3.0)
+
+
+def test_a_missing_ca_file_is_named_at_connect() -> None:
+    """An ssl_ca_certs path that is not a file is refused when the client is made,
+    naming the path, instead of failing later as an unreachable server."""
+    for url, keyword in (
+        ("rediss://127.0.0.1:1/0", "/nonexistent/ca.pem"),
+        ("rediss://127.0.0.1:1/0?ssl_ca_certs=/nonexistent/ca.pem", None),
+    ):
+        with pytest.raises(streamsub.InvalidArgumentError, match=r"/nonexistent/ca\.pem"):
+            streamsub.connect(url, ssl_ca_certs=keyword)
+
+
+async def test_more_concurrent_commands_than_connections_wait_for_one(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With every pooled connection busy (two blocking reads on a pool of three, one
+    of which publishing keeps), other commands wait for a free connection instead
+    of failing with 'Too many connections'."""
+    redis_client.flushall()
+    backend = RedisBackend(server.url, max_connections=3)
+    try:
+        topic = await backend.create_topic(TopicRecord("busy", 1, "", time.time()))
+        await backend.append(topic, {0: b""})  # the publishing connection takes one
+        redis_client.xgroup_create("ss:{busy.0}", "readers", id="$")
+        reads = [
+            asyncio.ensure_future(backend.read(topic, "readers", f"r{i}", [0], 1, 500))
+            for i in range(2)
+        ]
+        await until(
+            lambda: redis_client.info("clients")["blocked_clients"] == 2, 5, "two blocked reads"
+        )
+        lookups = await asyncio.gather(*(backend.get_topic("busy") for _ in range(4)))
+        assert lookups == [topic] * 4
+        assert await asyncio.gather(*reads) == [[], []]
+    finally:
+        await backend.close()

@@ -1,0 +1,151 @@
+"""The publisher under a misbehaving backend: a dying flusher never leaves a publish
+hanging, and a slow backend makes publishers wait instead of queueing without bound.
+
+The backends here are real RedisBackends on the test server with one method
+wrapped: they fail or stall on purpose, Redis itself is not imitated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+import pytest
+import redis
+
+import streamsub
+from streamsub._backends.base import TopicRecord
+from streamsub._backends.redis import RedisBackend
+from streamsub._core.codec import encode
+from streamsub._engine.publisher import MAX_IN_FLIGHT, MAX_QUEUED_BATCHES, TopicPublisher
+from streamsub.testing import RedisServer
+from tests._wait import until
+
+
+class _FailsOnce(RedisBackend):
+    """Its first append raises ``error`` (not a streamsub error); later ones work."""
+
+    def __init__(self, url: str, error: BaseException) -> None:
+        super().__init__(url)
+        self.error: BaseException | None = error
+
+    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+        return await super().append(topic, batch)
+
+
+class _Gated(RedisBackend):
+    """Appends wait until the gate opens: a backend that has gone slow."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.gate = asyncio.Event()
+        self.started = 0
+
+    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+        self.started += 1
+        await self.gate.wait()
+        return await super().append(topic, batch)
+
+
+def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
+    return {
+        f"{p}-{entry_id.decode()}"
+        for p in range(partitions)
+        for entry_id, _ in redis_client.xrange(f"ss:{{{topic}.{p}}}")
+    }
+
+
+@pytest.mark.parametrize(
+    "error", [RuntimeError("boom"), asyncio.CancelledError()], ids=["exception", "cancelled"]
+)
+async def test_a_dying_flusher_fails_waiting_publishes_and_the_next_publish_restarts_it(
+    server: RedisServer,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    error: BaseException,
+) -> None:
+    """A backend append that raises a non-streamsub error (or a stray CancelledError)
+    kills the publisher's flusher: the publishes of that batch and those queued
+    behind it raise BackendError saying so (none hangs), and the next publish
+    starts it anew and is stored."""
+    caplog.set_level(logging.ERROR, logger="streamsub")
+    redis_client.flushall()
+    backend = _FailsOnce(server.url, error)
+    async with streamsub.Client(
+        backend, batch_settings=streamsub.BatchSettings(max_messages=10)
+    ) as client:
+        await client.create_topic("flaky", partitions=2)
+        chunks = [[f"{c}-{i}".encode() for i in range(10)] for c in range(MAX_IN_FLIGHT + 3)]
+        async with asyncio.timeout(10):  # a publish left hanging fails here, not at 120 s
+            results = await asyncio.gather(
+                *(client.publish_many("flaky", chunk) for chunk in chunks),
+                return_exceptions=True,
+            )
+        first = results[0]
+        assert isinstance(first, streamsub.BackendError), first
+        assert "unexpected error" in str(first)
+        assert first.__cause__ is error
+        for result in results:
+            assert isinstance(result, list | streamsub.BackendError), result
+        assert any("stopped on an unexpected error" in r.getMessage() for r in caplog.records)
+
+        async with asyncio.timeout(10):
+            after = await client.publish_many("flaky", [b"after"])
+        stored = [i for r in results if isinstance(r, list) for i in r] + after
+    assert set(stored) <= _stored(redis_client, "flaky", 2)
+
+
+async def test_publish_waits_for_room_while_the_queue_is_full(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With writes stalled, publishes queue up to MAX_QUEUED_BATCHES batches' worth of
+    messages; the next publish waits without queueing its messages, and once writes
+    go on every publish completes, each key's messages stored in publish order."""
+    redis_client.flushall()
+    backend = _Gated(server.url)
+    settings = streamsub.BatchSettings(max_messages=10, max_latency=0.001)
+    try:
+        topic = await backend.create_topic(TopicRecord("pressure", 2, "", 0.0))
+        publisher = TopicPublisher(backend, topic, settings)
+
+        def calls(start: int, count: int) -> list[asyncio.Task[list[str]]]:
+            return [
+                asyncio.ensure_future(
+                    publisher.publish(
+                        [
+                            encode(f"{c}:{i}".encode(), f"key-{i % 3}", max_bytes=2**20)
+                            for i in range(10)
+                        ]
+                    )
+                )
+                for c in range(start, start + count)
+            ]
+
+        in_flight = calls(0, MAX_IN_FLIGHT)
+        await until(lambda: backend.started == MAX_IN_FLIGHT, 5, "four writes in flight")
+        queued = calls(MAX_IN_FLIGHT, MAX_QUEUED_BATCHES)
+        await until(lambda: publisher.queued[0] == 10 * MAX_QUEUED_BATCHES, 5, "a full queue")
+        late = calls(MAX_IN_FLIGHT + MAX_QUEUED_BATCHES, 2)
+        await until(lambda: publisher.waiting_for_room == 2, 5, "publishes waiting for room")
+        assert publisher.queued[0] == 10 * MAX_QUEUED_BATCHES, "a waiting publish was queued"
+
+        backend.gate.set()
+        async with asyncio.timeout(10):
+            await asyncio.gather(*in_flight, *queued, *late)
+        assert publisher.queued == (0, 0)
+        await publisher.aclose()
+    finally:
+        await backend.close()
+
+    stored: dict[str, list[bytes]] = {f"key-{k}": [] for k in range(3)}
+    for partition in range(2):
+        for _, fields in redis_client.xrange(f"ss:{{pressure.{partition}}}"):
+            stored[fields[b"k"].decode()].append(fields[b"d"])
+    total = MAX_IN_FLIGHT + MAX_QUEUED_BATCHES + 2
+    for k in range(3):
+        expected = [f"{c}:{i}".encode() for c in range(total) for i in range(10) if i % 3 == k]
+        assert stored[f"key-{k}"] == expected, f"key-{k} out of order"
