@@ -60,9 +60,10 @@ AckMode = Literal["auto", "manual"]
 
 READERS = 2
 """Reads in flight at once: one is parsed and handled while Redis serves the other."""
-READ_SHARE = 2
-"""Each read reserves at most half of max_messages (the reclaimer, when it finds
-no room, is served first: see the flow controller's priority)."""
+READ_SHARE = 3
+"""Each read reserves at most a third of max_messages, so that while reads wait
+on an idle server the reclaimer still finds room at once (a nack due now is
+swept without waiting for a read's block to end)."""
 FLUSH_TIMEOUT = 3.0
 """Seconds the settler has to send what is queued when the subscriber stops."""
 SHUTDOWN_MARGIN = READ_BLOCK_MS / 1000 + 1.0 + FLUSH_TIMEOUT
