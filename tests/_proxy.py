@@ -8,6 +8,7 @@ Network faults for tests, without touching the real network::
         proxy.silence()   # sockets stay open, nothing is forwarded either way
         proxy.resume()    # forwarding goes on, held bytes included
         proxy.reset()     # every open connection is closed with RST
+        proxy.drop()      # open connections go dead without a word; new ones work
 
 Or take the ``proxy`` fixture (in ``tests/conftest.py``): an unstarted
 ``Proxy`` that is closed when the test ends. A silenced proxy still accepts
@@ -57,6 +58,7 @@ class Proxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._pairs: set[_Pair] = set()
+        self._dropped: list[_Pair] = []
         self.accepted = 0
         """Connections accepted since start (a reconnect shows as one more)."""
 
@@ -81,6 +83,16 @@ class Proxy:
         """Forward again, including what arrived while silent."""
         self._flowing.set()
 
+    def drop(self) -> None:
+        """Forget every open connection without a word to either side: their sockets
+        stay open and nothing more is forwarded on them, ever (a NAT entry or a
+        failed-over load balancer). New connections are forwarded as usual."""
+        for pair in list(self._pairs):
+            for task in pair.tasks:
+                task.cancel()
+            self._dropped.append(pair)
+        self._pairs.clear()
+
     def reset(self) -> None:
         """Close every open connection, both sides, with a TCP RST."""
         for pair in list(self._pairs):
@@ -92,6 +104,9 @@ class Proxy:
         if self._server is not None:
             self._server.close()
         self.reset()
+        for pair in self._dropped:
+            pair.abort(rst=True)
+        self._dropped.clear()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None

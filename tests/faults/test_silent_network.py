@@ -19,6 +19,7 @@ import streamsub
 from streamsub._backends.redis._backend import SOCKET_TIMEOUT
 from streamsub.testing import RedisServer
 from tests._proxy import Proxy
+from tests._wait import until
 
 
 def _stored_ids(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
@@ -119,3 +120,56 @@ async def test_a_reset_connection_fails_publish_at_once_and_the_next_one_reconne
         assert time.monotonic() - started < 2.0, "a reset connection waited for a timeout"
         stored += await client.publish_many("reset", [b"after"] * 10)
     assert set(stored) <= _stored_ids(redis_client, "reset", 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fault", ["silence", "reset"])
+async def test_a_subscriber_behind_a_failing_network_resumes_and_loses_nothing(
+    server: RedisServer, redis_client: redis.Redis, proxy: Proxy, fault: str
+) -> None:
+    """Two subscribers reach Redis through a proxy that goes silent for 3 s, its
+    connections then dead for good without a reset (or that resets every
+    connection), while messages keep coming: they notice within the socket
+    timeout, reconnect by themselves, every message is handled, and nothing
+    stays pending."""
+    redis_client.flushall()
+    port = await proxy.start("127.0.0.1", server.port)
+    behind = f"redis://127.0.0.1:{port}/0"
+    handled: set[str] = set()
+
+    async def handler(message: streamsub.Message) -> None:
+        handled.add(message.message_id)
+
+    async with streamsub.connect(server.url) as direct:
+        await direct.create_topic("cut", partitions=4)
+        await direct.create_subscription("cut-sub", topic="cut", ack_deadline=2.0)
+        async with (
+            streamsub.connect(behind, socket_timeout=3.0) as client,
+            client.subscribe("cut-sub", handler, consumer="a"),
+            client.subscribe("cut-sub", handler, consumer="b"),
+        ):
+            ids = await direct.publish_many("cut", [f"early-{i}".encode() for i in range(200)])
+            await until(lambda: len(handled) >= 200, 10, "the first 200")
+            if fault == "silence":
+                proxy.silence()
+            else:
+                proxy.reset()
+            for chunk in range(6):
+                ids += await direct.publish_many(
+                    "cut", [f"{chunk}-{i}".encode() for i in range(50)]
+                )
+                await asyncio.sleep(0.5)
+            if fault == "silence":
+                proxy.drop()  # what was open during the outage never answers again
+            proxy.resume()
+            await until(lambda: handled >= set(ids), 30, "every message after the fault")
+            await until(
+                lambda: all(
+                    redis_client.xpending(f"ss:{{cut.{p}}}", "cut-sub")["pending"] == 0
+                    for p in range(4)
+                ),
+                15,
+                "every ack to arrive",
+            )
+    assert handled >= set(ids)
