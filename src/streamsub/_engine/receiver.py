@@ -255,12 +255,14 @@ class Receiver:
                 self._settle_task.cancel()
                 await asyncio.gather(self._settle_task, return_exceptions=True)
                 dropped = self._settler.abandon()
-                log.error(
-                    "streamsub: subscriber of %r stopped with %d acks, nacks or dead letters "
-                    "unsent (Redis did not answer); those messages will be delivered again",
-                    self._group,
-                    dropped,
-                )
+                if dropped:
+                    log.error(
+                        "streamsub: subscriber of %r stopped with %d acks, nacks or dead "
+                        "letters unsent (Redis did not answer); those messages will be "
+                        "delivered again",
+                        self._group,
+                        dropped,
+                    )
         self._dispatcher.close()
         assert self._stopped is not None
         if not self._stopped.done():

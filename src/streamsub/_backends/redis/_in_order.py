@@ -20,6 +20,7 @@ import redis.exceptions as rexc
 
 __all__ = ["InOrderConnection"]
 
+
 def _needs_command_name(pool: Any) -> bool:
     """redis-py before 5.3 requires a command name (unused) to take a pooled
     connection; 5.3 made it optional and later versions warn when it is given."""
