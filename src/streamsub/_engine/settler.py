@@ -40,6 +40,16 @@ _OwnedAck = tuple[str, int, "asyncio.Future[None]"]
 """(entry id, delivery attempt, who waits for the answer)."""
 
 
+_Flight = tuple[
+    dict[int, list[str]],
+    dict[int, list[NackItem]],
+    dict[int, list[_OwnedAck]],
+    dict[int, list[_OwnedAck]],
+    list["_DeadLetter"],
+]
+_NOTHING: _Flight = ({}, {}, {}, {}, [])
+
+
 @dataclasses.dataclass(slots=True)
 class _DeadLetter:
     partition: int
@@ -90,6 +100,8 @@ class Settler:
         self._dead_letters: list[_DeadLetter] = []
         self._wake = asyncio.Event()
         self._closing = False
+        self._flight: _Flight = _NOTHING
+        """What the send under way took from the queues (lost if it is cancelled)."""
         self._loop = asyncio.get_running_loop()
         self._thread = threading.get_ident()
 
@@ -305,20 +317,22 @@ class Settler:
             owned, self._owned = self._owned, collections.defaultdict(list)
             owned_nacks, self._owned_nacks = self._owned_nacks, collections.defaultdict(list)
             dead, self._dead_letters = self._dead_letters, []
+            self._flight = (acks, nacks, owned, owned_nacks, dead)
             try:
                 if acks:
                     await self._backend.ack(self._topic, self._group, acks, forget)
                     self._acked(acks)
-                    acks = forget = {}
+                    acks.clear()
+                    forget.clear()
                 if owned:
                     await self._send_owned_acks(owned)
-                    owned = {}
+                    owned.clear()
                 if owned_nacks:
                     await self._send_owned_nacks(owned_nacks)
-                    owned_nacks = {}
+                    owned_nacks.clear()
                 if nacks:
                     await self._send_nacks(nacks)
-                    nacks = {}
+                    nacks.clear()
                 while dead:
                     await self._send_dead_letter(dead[0])
                     dead.pop(0)
@@ -329,8 +343,10 @@ class Settler:
                 _prepend(self._owned, owned)
                 _prepend(self._owned_nacks, owned_nacks)
                 self._dead_letters[:0] = dead
+                self._flight = _NOTHING
                 await errors.wait("settling", exc)
                 continue
+            self._flight = _NOTHING
             errors.reset()
             metrics.set_in_flight(self._group, len(self._inventory.held))
 
@@ -355,8 +371,13 @@ class Settler:
     def abandon(self) -> int:
         """Drop what could not be sent (shutdown with the server gone); return how
         many requests were dropped. Their messages are delivered again later."""
-        dropped = self.unsent()
-        for queue in (self._owned, self._owned_nacks):
+        acks, nacks, owned, owned_nacks, dead = self._flight
+        dropped = self.unsent() + len(dead)
+        dropped += sum(len(ids) for ids in acks.values())
+        dropped += sum(len(items) for items in nacks.values())
+        dropped += sum(len(items) for q in (owned, owned_nacks) for items in q.values())
+        self._flight = _NOTHING
+        for queue in (self._owned, self._owned_nacks, owned, owned_nacks):
             for items in queue.values():
                 for _, _, future in items:
                     if not future.done():
