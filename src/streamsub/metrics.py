@@ -34,15 +34,15 @@ with delivery attempt > 1), :func:`on_acked` / :func:`on_nacked` with the
 counts the backend confirmed, :func:`on_dead_lettered` after each dead letter
 is stored, :func:`on_lost` where it counts an entry lost, and
 :func:`observe_handler_latency` (handler run time), :func:`observe_end_to_end_latency`
-(now minus the message's publish time, at settling) and :func:`set_in_flight`
-(messages held, when the flow controller changes).
+(now minus the message's publish time, at settling); a running subscriber
+registers its held-message count with :func:`watch_in_flight`, read at scrape.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "serve",
     "set_in_flight",
     "snapshot",
+    "watch_in_flight",
 ]
 
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -90,6 +91,7 @@ _counts: dict[tuple[str, str], int] = {}
 _histograms: dict[tuple[str, str], list[float]] = {}
 """Per (histogram, label): a count per bucket (the last is +Inf), then the sum."""
 _in_flight: dict[str, int] = {}
+_in_flight_sources: dict[str, list[Callable[[], int]]] = {}
 
 
 def _add(name: str, label: str, n: int) -> None:
@@ -156,9 +158,37 @@ def observe_end_to_end_latency(subscription: str, seconds: float) -> None:
 
 
 def set_in_flight(subscription: str, messages: int) -> None:
-    """This process holds ``messages`` of ``subscription`` now (read, not yet settled)."""
+    """This process holds ``messages`` of ``subscription`` now (read, not yet settled),
+    besides what its subscribers report through :func:`watch_in_flight`."""
     with _lock:
         _in_flight[subscription] = messages
+
+
+def watch_in_flight(subscription: str, count: Callable[[], int]) -> Callable[[], None]:
+    """Count ``count()`` into the in-flight gauge of ``subscription`` at each scrape
+    (a running subscriber; several in one process add up); return the function
+    that stops it. Nothing runs on the message path."""
+    with _lock:
+        _in_flight_sources.setdefault(subscription, []).append(count)
+
+    def unwatch() -> None:
+        with _lock:
+            sources = _in_flight_sources.get(subscription, [])
+            if count in sources:
+                sources.remove(count)
+            if not sources:
+                _in_flight_sources.pop(subscription, None)
+
+    return unwatch
+
+
+def _in_flight_now() -> dict[str, int]:
+    with _lock:
+        values = dict(_in_flight)
+        sources = {name: list(counts) for name, counts in _in_flight_sources.items()}
+    for name, counts in sources.items():
+        values[name] = values.get(name, 0) + sum(count() for count in counts)
+    return values
 
 
 def snapshot() -> dict[str, dict[str, int]]:
@@ -176,6 +206,7 @@ def reset() -> None:
         _counts.clear()
         _histograms.clear()
         _in_flight.clear()
+        _in_flight_sources.clear()
 
 
 def _prometheus() -> Any:
@@ -201,7 +232,7 @@ class StreamsubCollector:
         with _lock:
             counts = dict(_counts)
             histograms = {k: list(v) for k, v in _histograms.items()}
-            in_flight = dict(_in_flight)
+        in_flight = _in_flight_now()
         for name, (label, text) in _COUNTERS.items():
             family = core.CounterMetricFamily(f"streamsub_{name}", text, labels=[label])
             for (counter, value_label), value in sorted(counts.items()):

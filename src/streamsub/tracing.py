@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from ._core.codec import MAX_ATTRIBUTES
 
 __all__ = [
+    "active",
     "ENABLED",
     "TRACEPARENT",
     "can_carry",
@@ -85,6 +86,11 @@ def _tracer() -> Any | None:
         tracer = provider.get_tracer("streamsub")
     _cached = (now, tracer)
     return tracer
+
+
+def active() -> bool:
+    """Whether handling and publishing are traced now (an SDK is set up)."""
+    return _tracer() is not None
 
 
 def publish_span(topic: str, count: int) -> contextlib.AbstractContextManager[Any]:

@@ -155,7 +155,7 @@ async def test_a_late_nack_of_an_old_delivery_leaves_the_new_one_alone(
 
 
 async def test_a_crashed_consumers_messages_come_back_while_a_long_nack_waits(
-    client: streamsub.Client, redis_client: redis.Redis
+    client: streamsub.Client, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A nack waiting out a 30 s backoff does not pause the sweeps: 20 messages a
     vanished consumer held come back within about two ack deadlines."""
@@ -180,10 +180,12 @@ async def test_a_crashed_consumers_messages_come_back_while_a_long_nack_waits(
         if message.data == b"poison":
             raise ValueError("always fails")
 
-    async with client.subscribe("orphans-sub", handler) as sub:
-        await until(lambda: sub.statistics().nacked == 1, 5, "the poison message nacked")
-        await until(lambda: len(seen) == 21, 5, "the crashed consumer's 20 messages")
+    with caplog.at_level(logging.INFO, logger="streamsub"):
+        async with client.subscribe("orphans-sub", handler) as sub:
+            await until(lambda: sub.statistics().nacked == 1, 5, "the poison message nacked")
+            await until(lambda: len(seen) == 21, 5, "the crashed consumer's 20 messages")
     assert time.monotonic() - read_at < 3.5
+    assert any("took over" in r.getMessage() for r in caplog.records), "no reclaim was logged"
 
 
 async def test_messages_acked_while_their_lease_is_extended_are_not_reported_lost(

@@ -221,3 +221,75 @@ print("ok")
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+async def test_a_span_covers_the_whole_handling_of_an_async_callable_object(
+    client: streamsub.Client, spans: InMemorySpanExporter
+) -> None:
+    """An object with ``async def __call__`` as handler: its span is current inside
+    the handler and lasts as long as the handling (0.2 s), for each of 8 messages."""
+    spans.clear()
+    await client.create_topic("objects", partitions=2)
+    await client.create_subscription("objects-sub", topic="objects")
+    ids = await client.publish_many("objects", [str(i).encode() for i in range(8)])
+
+    class Handler:
+        def __init__(self) -> None:
+            self.current: list[bool] = []
+
+        async def __call__(self, message: streamsub.Message) -> None:
+            self.current.append(trace.get_current_span().is_recording())
+            await asyncio.sleep(0.2)
+
+    handler = Handler()
+    async with client.subscribe("objects-sub", handler) as sub:
+        await until(lambda: sub.statistics().acked == 8, 10, "8 acked")
+    consumers = [s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER]
+    assert len(consumers) == len(ids)
+    assert handler.current == [True] * 8
+    for span in consumers:
+        assert span.end_time is not None
+        assert span.start_time is not None
+        assert (span.end_time - span.start_time) / 1e9 >= 0.19
+
+
+async def test_the_in_flight_gauge_counts_what_subscribers_hold(client: streamsub.Client) -> None:
+    """Two running subscribers of one subscription holding 30 messages between them:
+    the gauge says 30 while they hold them, and 0 once all are acked."""
+    metrics.reset()
+    await client.create_topic("gauge", partitions=PARTITIONS)
+    await client.create_subscription("gauge-sub", topic="gauge")
+    await client.publish_many("gauge", [str(i).encode() for i in range(30)])
+    release = asyncio.Event()
+    started = 0
+
+    async def handler(message: streamsub.Message) -> None:
+        nonlocal started
+        started += 1
+        await release.wait()
+
+    key = ("streamsub_in_flight_messages", (("subscription", "gauge-sub"),))
+
+    def gauge() -> float:
+        text = metrics.registry()
+        from prometheus_client import generate_latest
+
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(generate_latest(text).decode())
+            for s in family.samples
+        }
+        return samples.get(key, 0.0)
+
+    async with (
+        client.subscribe("gauge-sub", handler, consumer="one") as one,
+        client.subscribe("gauge-sub", handler, consumer="two") as two,
+    ):
+        try:
+            await until(lambda: started == 30, 10, "30 handlers running")
+            held = gauge()
+        finally:
+            release.set()
+        assert held == 30
+        await until(lambda: one.statistics().acked + two.statistics().acked == 30, 10, "30 acked")
+        assert gauge() == 0

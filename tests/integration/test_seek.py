@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import time
 from collections.abc import AsyncIterator
@@ -270,3 +271,32 @@ async def test_a_live_snapshot_holds_back_retention_and_an_expired_one_does_not(
         await client.seek("billing", to="old")
     result = await client.enforce_retention("orders")
     assert [t.trimmed for t in result.partitions] == [15] * PARTITIONS
+
+
+async def test_a_seek_while_messages_are_held_frees_their_flow_control_budget(
+    client: streamsub.Client,
+) -> None:
+    """Seeking back while a subscriber holds 10 messages delivers them again; once
+    every delivery is settled nothing stays counted in flow control, and new
+    messages still flow."""
+    await client.create_topic("heldseek", partitions=2)
+    await client.create_subscription("heldseek-sub", topic="heldseek")
+    await client.publish_many("heldseek", [str(i).encode() for i in range(10)])
+    release = asyncio.Event()
+    seen: list[int] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        seen.append(message.delivery_attempt)
+        await release.wait()
+
+    async with client.subscribe("heldseek-sub", handler) as sub:
+        await until(lambda: len(seen) == 10, 5, "10 held")
+        await client.seek("heldseek-sub", to="earliest")
+        await until(lambda: len(seen) == 20, 5, "the 10 delivered again")
+        release.set()
+        await until(lambda: sub.statistics().flow.outstanding_messages == 0, 5, "nothing held")
+        await client.publish_many("heldseek", [b"later"] * 5)
+        await until(lambda: len(seen) == 25, 5, "new messages after the seek")
+    flow = sub.statistics().flow
+    assert flow.running_messages == 0
+    assert flow.outstanding_bytes == 0

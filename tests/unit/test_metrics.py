@@ -75,3 +75,20 @@ def test_in_flight_gauge_shows_the_last_value() -> None:
     metrics.set_in_flight("billing", 12)
     metrics.set_in_flight("billing", 3)
     assert _samples()[("streamsub_in_flight_messages", (("subscription", "billing"),))] == 3
+
+
+def test_in_flight_gauge_adds_up_the_subscribers_of_a_subscription() -> None:
+    """Two subscribers of one subscription in a process add up in the gauge, read at
+    scrape time; one that stops no longer counts."""
+    metrics.reset()
+    held = {"a": 25, "b": 15}
+    stop_a = metrics.watch_in_flight("billing", lambda: held["a"])
+    stop_b = metrics.watch_in_flight("billing", lambda: held["b"])
+    key = ("streamsub_in_flight_messages", (("subscription", "billing"),))
+    assert _samples()[key] == 40
+    held["a"] = 5
+    assert _samples()[key] == 20
+    stop_a()
+    assert _samples()[key] == 15
+    stop_b()
+    assert key not in _samples()

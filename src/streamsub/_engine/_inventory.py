@@ -93,6 +93,12 @@ class Inventory:
         keys = []
         for message in messages:
             key = (message._partition, message._entry_id)
+            old = held.get(key)
+            if old is not None:
+                # Delivered again while held (a seek moved the group back): the old
+                # delivery is no longer ours to settle, and its budget is free.
+                self.leases.remove(key)
+                self.flow.finished(old._size, started=old._started)
             held[key] = message
             keys.append(key)
         self.leases.add_many(keys, self._clock())

@@ -51,8 +51,9 @@ class Dispatcher:
         threads: int = DEFAULT_HANDLER_THREADS,
     ) -> None:
         self._subscription = subscription
-        if tracing.ENABLED:  # each handling in a span, the child of its publish span
-            handler = tracing.traced(handler, subscription)
+        self._tracing = tracing.ENABLED
+        """Each handling in a span, the child of its publish span, while an
+        OpenTelemetry SDK is set up."""
         self._handler = handler
         self._done = done
         self._is_async = is_async_handler(handler)
@@ -79,7 +80,11 @@ class Dispatcher:
         # callback, which costs one more turn of the loop per message.
         started = time.perf_counter()
         try:
-            await self._handler(message)  # type: ignore[misc]
+            if self._tracing and tracing.active():
+                with tracing.handling_span(message, self._subscription):
+                    await self._handler(message)  # type: ignore[misc]
+            else:
+                await self._handler(message)  # type: ignore[misc]
         except asyncio.CancelledError as exc:
             if _cancelled_by_owner():
                 self._tasks.discard(asyncio.current_task())
@@ -97,14 +102,17 @@ class Dispatcher:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 self._threads, thread_name_prefix="streamsub-handler"
             )
-        loop = asyncio.get_running_loop()
-        context = contextvars.copy_context()
-        call = functools.partial(context.run, self._handler, message)
         started = time.perf_counter()
         try:
-            result = await loop.run_in_executor(self._executor, call)
-            if inspect.isawaitable(result):
-                await result
+            if self._tracing and tracing.active():
+                with tracing.handling_span(message, self._subscription):
+                    result = await self._in_thread(message)
+                    if inspect.isawaitable(result):
+                        await result
+            else:
+                result = await self._in_thread(message)
+                if inspect.isawaitable(result):
+                    await result
         except asyncio.CancelledError as exc:
             if _cancelled_by_owner():
                 self._tasks.discard(asyncio.current_task())
@@ -116,6 +124,11 @@ class Dispatcher:
             self._done(message, None)
         metrics.observe_handler_latency(self._subscription, time.perf_counter() - started)
         self._tasks.discard(asyncio.current_task())
+
+    async def _in_thread(self, message: Message) -> object:
+        """Call the handler in the pool, in a copy of the current context (its span)."""
+        call = functools.partial(contextvars.copy_context().run, self._handler, message)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for running handlers; cancel the rest."""

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal
 
+from .. import metrics
 from .._backends.base import Backend, Reclaimed, SubscriptionRecord, TopicRecord
 from .._core.flow import FlowStatistics, Grant
 from .._errors import NotFoundError
@@ -183,6 +184,7 @@ class Receiver:
         self._stopped: asyncio.Future[None] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._error: NotFoundError | None = None
+        self._unwatch: Callable[[], None] = _nothing
 
     # --- lifecycle -------------------------------------------------------------
     def start(self) -> None:
@@ -195,6 +197,9 @@ class Receiver:
                 supervise(f"{what} for {self._group!r}", run, fatal=self._fatal)
             )
 
+        self._unwatch = metrics.watch_in_flight(
+            self._group, lambda: self._inventory.flow.statistics().outstanding_messages
+        )
         self._settle_task = task("settling", self._settler.run)
         self._lease_task = task("extending leases", self._leaser.run)
         self._reclaim_task = task("reclaiming", self._reclaimer.run)
@@ -264,6 +269,7 @@ class Receiver:
                         dropped,
                     )
         self._dispatcher.close()
+        self._unwatch()
         assert self._stopped is not None
         if not self._stopped.done():
             if self._error is not None:
@@ -318,3 +324,7 @@ class Receiver:
             error,
         )
         self._settler.nack_failed(message, error)
+
+
+def _nothing() -> None:
+    """Nothing to undo."""

@@ -164,6 +164,13 @@ class Reclaimer:
                     )
                 else:
                     taken.append(item)
+            if taken:
+                log.info(
+                    "streamsub: took over %d idle messages of %r (a consumer crashed or "
+                    "stalled, or their nack backoff ended)",
+                    len(taken),
+                    self._group,
+                )
             self._deliver(taken, grant)
             cursors.update(next_cursors)
             cursors = {p: c for p, c in cursors.items() if c != "0-0"}

@@ -348,7 +348,6 @@ class Settler:
                 continue
             self._flight = _NOTHING
             errors.reset()
-            metrics.set_in_flight(self._group, len(self._inventory.held))
 
     def _acked(self, acks: dict[int, list[str]]) -> None:
         """Report acks the server took, with their end-to-end latency (publish time
