@@ -11,6 +11,7 @@ import asyncio
 import collections
 import logging
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -18,6 +19,8 @@ import redis
 import streamsub
 from streamsub import Message, RetryPolicy
 from streamsub._backends.base import NackItem
+from streamsub._backends.redis import RedisBackend
+from streamsub.testing import RedisServer
 from tests._wait import until
 
 
@@ -206,3 +209,45 @@ async def test_messages_acked_while_their_lease_is_extended_are_not_reported_los
         await until(lambda: sub.statistics().acked == 5000, 30, "5000 acked")
     lost = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
     assert lost == []
+
+
+async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_back(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Acks that take 2.5 s to reach Redis (ack deadline 1 s), 20 messages on two
+    partitions and two subscribers: the acked messages stay leased until the ack
+    lands, so none is handled twice, by the same subscriber or the other."""
+    redis_client.flushall()
+
+    class SlowAcks(RedisBackend):
+        async def ack(self, *args: Any, **kwargs: Any) -> int:
+            await asyncio.sleep(2.5)
+            return await super().ack(*args, **kwargs)
+
+    handled: collections.Counter[bytes] = collections.Counter()
+
+    async def handler(message: Message) -> None:
+        handled[message.data] += 1
+
+    async with streamsub.Client(SlowAcks(server.url)) as client:
+        await client.create_topic("lateack", partitions=2)
+        await client.create_subscription("lateack-sub", topic="lateack", ack_deadline=1.0)
+        await client.publish_many(
+            "lateack",
+            [
+                streamsub.OutgoingMessage(data=f"m{i}".encode(), ordering_key=f"k{i}")
+                for i in range(20)
+            ],
+        )
+        async with (
+            client.subscribe("lateack-sub", handler, consumer="one") as one,
+            client.subscribe("lateack-sub", handler, consumer="two"),
+        ):
+            await until(lambda: len(handled) == 20, 5, "all 20 handled")
+            await asyncio.sleep(4.0)  # past the slow ack and several sweeps
+            assert one.statistics().reclaimed == 0
+    assert set(handled.values()) == {1}, handled
+    assert all(
+        redis_client.xpending(f"ss:{{lateack.{p}}}", "lateack-sub")["pending"] == 0
+        for p in range(2)
+    )

@@ -57,6 +57,10 @@ class Inventory:
             ack_deadline=ack_deadline, max_lease_duration=max_lease_duration
         )
         self.held: dict[Key, Message] = {}
+        self.settling: set[Key] = set()
+        """Settled here, their ack, nack or dead letter not yet confirmed by the
+        server: still leased and still skipped by our reclaimer, so a late send
+        never lets the message be delivered again meanwhile."""
         self._clock = clock
         self._room = asyncio.Event()
         self._start: Callable[[list[Message]], None] = _nowhere
@@ -115,12 +119,28 @@ class Inventory:
         if self.held.get(key) is not message:
             return False
         del self.held[key]
-        self.leases.remove(key)
+        self.settling.add(key)  # its lease stays until the server has the outcome
         admitted = self.flow.finished(message._size, started=message._started)
         self._room.set()
         if admitted:
             self._start(admitted)
         return True
+
+    def sent(self, partition: int, entry_ids: Iterable[str]) -> None:
+        """The server has the outcome of these entries: their leases end."""
+        for entry_id in entry_ids:
+            key = (partition, entry_id)
+            if key in self.settling:
+                self.settling.discard(key)
+                if key not in self.held:  # not delivered again meanwhile
+                    self.leases.remove(key)
+
+    def forget_settling(self) -> None:
+        """Outcomes that will never be sent (shutdown with the server gone)."""
+        for key in self.settling:
+            if key not in self.held:
+                self.leases.remove(key)
+        self.settling.clear()
 
     def finish_aside(self, size: int) -> None:
         """An entry held without a handler was settled."""
@@ -134,9 +154,9 @@ class Inventory:
         return self.flow.drain_hold()
 
     def held_ids(self) -> dict[int, list[str]]:
-        """Entry ids held, per partition."""
+        """Entry ids held or settling, per partition: what our reclaimer leaves alone."""
         ids: dict[int, list[str]] = {}
-        for partition, entry_id in self.held:
+        for partition, entry_id in (*self.held, *self.settling):
             ids.setdefault(partition, []).append(entry_id)
         return ids
 

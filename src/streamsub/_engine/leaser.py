@@ -70,16 +70,20 @@ class Leaser:
         except StreamsubError as exc:
             log.warning("streamsub: extending leases failed: %s", exc)
             return
+        settling = self._inventory.settling
         for partition, entry_ids in ids.items():
             still = set(owned.get(partition, ()))
             for entry_id in entry_ids:
-                # Settled while the extension was on its way: not lost, just done.
-                if entry_id not in still and (partition, entry_id) in leases:
-                    log.warning(
-                        "streamsub: message %s-%s of %r was taken by another subscriber "
-                        "while its handler ran (lease lost)",
-                        partition,
-                        entry_id,
-                        self._group,
-                    )
-                    leases.remove((partition, entry_id))
+                key = (partition, entry_id)
+                if entry_id in still or key not in leases:
+                    continue
+                if key in settling:  # acked meanwhile: done, not lost
+                    continue
+                log.warning(
+                    "streamsub: message %s-%s of %r was taken by another subscriber "
+                    "while its handler ran (lease lost)",
+                    partition,
+                    entry_id,
+                    self._group,
+                )
+                leases.remove(key)

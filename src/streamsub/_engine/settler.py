@@ -322,6 +322,8 @@ class Settler:
                 if acks:
                     await self._backend.ack(self._topic, self._group, acks, forget)
                     self._acked(acks)
+                    for partition, entry_ids in acks.items():
+                        self._inventory.sent(partition, entry_ids)
                     acks.clear()
                     forget.clear()
                 if owned:
@@ -386,6 +388,7 @@ class Settler:
                                 status=AckStatus.OTHER,
                             )
                         )
+        self._inventory.forget_settling()
         self._acks.clear()
         self._forget.clear()
         self._nacks.clear()
@@ -400,6 +403,8 @@ class Settler:
         }
         acked = await self._backend.ack_owned(self._topic, self._group, self._consumer, ids)
         _answer(owned, acked, "acknowledged")
+        for partition, pairs in ids.items():
+            self._inventory.sent(partition, (entry_id for entry_id, _ in pairs))
         self._acked(acked)
 
     async def _send_owned_nacks(self, owned: dict[int, list[_OwnedAck]]) -> None:
@@ -423,6 +428,8 @@ class Settler:
         self._nacked(nacks)
 
     def _nacked(self, nacks: dict[int, list[NackItem]]) -> None:
+        for partition, items in nacks.items():
+            self._inventory.sent(partition, (item.entry_id for item in items))
         metrics.on_nacked(
             self._group, sum(1 for items in nacks.values() for i in items if i.handled)
         )
@@ -451,6 +458,7 @@ class Settler:
         )
         if dead.aside is not None:
             self._inventory.finish_aside(dead.aside)
+        self._inventory.sent(dead.partition, (dead.entry_id,))
         if message_id is None:
             log.info(
                 "streamsub: message %s-%s of %r was not dead-lettered: it is no longer this "
