@@ -173,3 +173,25 @@ async def test_a_subscriber_behind_a_failing_network_resumes_and_loses_nothing(
                 "every ack to arrive",
             )
     assert handled >= set(ids)
+
+
+async def test_a_dropped_connection_fails_one_publish_within_the_timeout_then_reconnects(
+    server: RedisServer, redis_client: redis.Redis, proxy: Proxy
+) -> None:
+    """A connection dropped without a word (a NAT entry gone: new connections work)
+    fails the publish in its way within one socket timeout; the next publish
+    succeeds at once on a new connection, and every returned id is stored."""
+    redis_client.flushall()
+    port = await proxy.start("127.0.0.1", server.port)
+    async with streamsub.connect(f"redis://127.0.0.1:{port}/0", socket_timeout=2.0) as client:
+        await client.create_topic("dropped", partitions=2)
+        stored = await client.publish_many("dropped", [b"before"] * 10)
+        proxy.drop()
+        started = time.monotonic()
+        with pytest.raises(streamsub.UnavailableError):
+            await client.publish_many("dropped", [b"during"] * 10)
+        assert 1.9 <= time.monotonic() - started < 3.0
+        started = time.monotonic()
+        stored += await client.publish_many("dropped", [b"after"] * 10)
+        assert time.monotonic() - started < 1.0, "the next publish waited"
+    assert set(stored) <= _stored_ids(redis_client, "dropped", 2)

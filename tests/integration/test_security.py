@@ -4,6 +4,7 @@ module, ACL users created with ``ACL SETUSER`` on a private server per test."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,7 +196,7 @@ async def test_an_acl_user_with_bad_credentials_gets_authentication_error(
     acl_server: RedisServer, case: str
 ) -> None:
     """A wrong password, a disabled user or an unknown user raises AuthenticationError
-    (an UnavailableError) about the credentials, without the password."""
+    (an UnavailableError) about the credentials at once, without the password."""
     url = _add_user(acl_server, "app", "right-pw", ACL_RULE)
     if case == "wrong-password":
         url = url.replace("right-pw", "wrong-pw")
@@ -203,8 +204,11 @@ async def test_an_acl_user_with_bad_credentials_gets_authentication_error(
         _add_user(acl_server, "app", "right-pw", "off " + ACL_RULE)
     else:
         url = url.replace("app:", "nobody:")
+    started = time.monotonic()
     with pytest.raises(streamsub.AuthenticationError, match="credentials") as info:
         async with streamsub.connect(url):
             pass
+    # At once: a connection that fails to connect must not hold up the pool.
+    assert time.monotonic() - started < 2.0
     assert isinstance(info.value, streamsub.UnavailableError)
     assert not re.search(r"(right|wrong)-pw", str(info.value))

@@ -47,6 +47,7 @@ from ..base import (
 )
 from . import _keys
 from ._in_order import InOrderConnection
+from ._pool import WaitingConnectionPool
 
 __all__ = ["RedisBackend"]
 
@@ -206,12 +207,12 @@ class RedisBackend:
         # results are checked where they are read instead.
         self._redis: Any
         try:
-            # Blocking: with every connection busy (blocking reads hold theirs for
-            # up to a read block), a command waits for one, up to socket_timeout,
+            # With every connection busy (blocking reads hold theirs for up to a
+            # read block), a command waits for one, up to socket_timeout,
             # instead of failing with "Too many connections".
-            pool = aioredis.BlockingConnectionPool.from_url(
+            pool = WaitingConnectionPool.from_url(
                 url,
-                timeout=socket_timeout,
+                wait_timeout=socket_timeout,
                 decode_responses=False,
                 max_connections=max_connections,
                 socket_timeout=socket_timeout,
