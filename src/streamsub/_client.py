@@ -279,16 +279,20 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop subscribers, write what publishers hold, and close connections."""
+        """Stop subscribers, write what publishers hold, and close connections.
+
+        Everything stops at once, so this takes as long as the slowest: a
+        subscriber's ``shutdown_timeout + SHUTDOWN_MARGIN``, or a publish still
+        being written (at most the socket timeout on a dead connection).
+        """
         if self._closed:
             return
         self._closed = True
-        if self._trimmer is not None:
-            await self._trimmer.aclose()
-        for subscriber in list(self._subscribers):
-            await subscriber.stop()
-        for publisher in self._publishers.values():
-            await publisher.aclose()
+        await asyncio.gather(
+            *([self._trimmer.aclose()] if self._trimmer is not None else []),
+            *(subscriber.stop() for subscriber in list(self._subscribers)),
+            *(publisher.aclose() for publisher in self._publishers.values()),
+        )
         await self._backend.close()
 
     def _check_open(self) -> None:

@@ -18,8 +18,9 @@ reads and sweeps end (one at the server finishes, at most a read's block);
 messages read but not started go back without a delivery counted; handlers get
 ``shutdown_timeout`` to finish while their leases are still extended; those
 still running are cancelled and their messages given back; then the settler
-flushes every ack, nack and dead letter, for at most :data:`FLUSH_TIMEOUT`
-(what cannot be sent is logged: those messages are delivered again later).
+flushes every ack, nack and dead letter for up to :data:`FLUSH_TIMEOUT` (less if
+the reads took long to end, so the whole stays in the bound); what cannot be
+sent is logged, and those messages are delivered again later.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ on an idle server the reclaimer still finds room at once (a nack due now is
 swept without waiting for a read's block to end)."""
 FLUSH_TIMEOUT = 3.0
 """Seconds the settler has to send what is queued when the subscriber stops."""
+_CLEANUP = 0.25
+"""Seconds kept for what follows the flush (cancelling, closing the pool)."""
 SHUTDOWN_MARGIN = READ_BLOCK_MS / 1000 + 1.0 + FLUSH_TIMEOUT
 """What stopping may take beyond ``shutdown_timeout``: a read or sweep at the
 server finishing (its block, plus a second), and the final flush."""
@@ -234,20 +237,17 @@ class Receiver:
 
     async def _stop(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        started = loop.time()
         self._intake.stopping = True
         for reader in self._readers:
             reader.stop()
         self._reclaimer.stop()
-        await self._end(
-            self._read_tasks,
-            [r.reading for r in self._readers],
-        )
-        if self._reclaim_task is not None:
-            await self._end([self._reclaim_task], [self._reclaimer.at_server])
+        parts = [*self._read_tasks, *([self._reclaim_task] if self._reclaim_task else [])]
+        busy = [r.reading for r in self._readers] + [self._reclaimer.at_server]
+        await self._end(parts, busy[: len(parts)])
         for message in self._inventory.drain_hold():
             self._settler.release(message)
-        await self._dispatcher.drain(deadline - loop.time())
+        await self._dispatcher.drain(started + timeout - loop.time())
         for message in self._inventory.messages():
             self._settler.release(message)
         if self._lease_task is not None:
@@ -255,7 +255,11 @@ class Receiver:
             await asyncio.gather(self._lease_task, return_exceptions=True)
         self._settler.close()
         if self._settle_task is not None:
-            done, _ = await asyncio.wait({self._settle_task}, timeout=FLUSH_TIMEOUT)
+            # FLUSH_TIMEOUT, or less when ending the reads took long on a short
+            # timeout: the whole stop stays within timeout + SHUTDOWN_MARGIN.
+            bound = started + timeout + SHUTDOWN_MARGIN - _CLEANUP
+            flush = max(0.0, min(FLUSH_TIMEOUT, bound - loop.time()))
+            done, _ = await asyncio.wait({self._settle_task}, timeout=flush)
             if not done:
                 self._settle_task.cancel()
                 await asyncio.gather(self._settle_task, return_exceptions=True)
@@ -280,8 +284,8 @@ class Receiver:
 
     @staticmethod
     async def _end(tasks: list[asyncio.Task[None]], at_server: list[bool]) -> None:
-        """End ``tasks``: one waiting on the server may finish (at most a read's block
-        and a second); one waiting on anything else is cancelled now."""
+        """End ``tasks`` together: one waiting on the server may finish (at most a
+        read's block and a second); one waiting on anything else is cancelled now."""
         for task, busy in zip(tasks, at_server, strict=True):
             if not busy:
                 task.cancel()
