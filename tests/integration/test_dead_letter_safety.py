@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 import redis
 
 import streamsub
@@ -82,3 +85,64 @@ async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
     assert max(seen_outstanding) <= 5
     assert max(seen_outstanding) >= 1, "exhausted entries were not counted in flow control"
     assert redis_client.xpending("ss:{spent.0}", "spent-sub")["pending"] == 0
+
+
+async def test_a_deleted_dead_letter_topic_stops_the_subscriber_instead_of_swallowing(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """With its dead-letter topic deleted, a subscriber that must dead-letter stops
+    with TopicNotFoundError; nothing is written to a stream nobody reads, and the
+    message stays pending for when the topic exists again."""
+    await client.create_topic("dlgone", partitions=2)
+    await client.create_topic("dlgone-dead", partitions=1)
+    await client.create_subscription("dlgone-sub", topic="dlgone", dead_letter_topic="dlgone-dead")
+
+    async def handler(message: streamsub.Message) -> None:
+        message.dead_letter("poison")
+
+    sub = client.subscribe("dlgone-sub", handler, ack_mode="manual")
+    await sub.start()
+    await client.delete_topic("dlgone-dead")  # while the subscriber runs
+    await client.publish_many("dlgone", [f"m{i}".encode() for i in range(10)])
+    with pytest.raises(streamsub.TopicNotFoundError):
+        await asyncio.wait_for(sub.wait(), 10)
+    await sub.stop()
+    assert not redis_client.exists("ss:{dlgone-dead.0}")
+    pending = sum(
+        redis_client.xpending(f"ss:{{dlgone.{p}}}", "dlgone-sub")["pending"] for p in range(2)
+    )
+    assert pending == 10
+
+
+async def test_exactly_once_nacks_keep_delivery_times_for_dead_letters(
+    client: streamsub.Client,
+) -> None:
+    """Messages nacked with nack_with_response until dead-lettered carry real first
+    and last delivery times, the last no earlier than the first."""
+    await client.create_topic("eonack", partitions=2)
+    await client.create_topic("eonack-dead", partitions=1)
+    await client.create_subscription(
+        "eonack-sub",
+        topic="eonack",
+        dead_letter_topic="eonack-dead",
+        max_delivery_attempts=2,
+        enable_exactly_once_delivery=True,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.1, maximum_backoff=0.1),
+    )
+    await client.publish_many("eonack", [f"m{i}".encode() for i in range(10)])
+
+    async def handler(message: streamsub.Message) -> None:
+        if message.delivery_attempt == 1:
+            await message.nack_with_response()
+        else:
+            message.dead_letter("second failure")
+
+    async with client.subscribe("eonack-sub", handler, ack_mode="manual") as sub:
+        await until(lambda: sub.statistics().dead_lettered == 10, 10, "10 dead letters")
+    letters = await client.list_dead_letters("eonack-sub")
+    assert len(letters) == 10
+    for letter in letters:
+        assert letter.first_delivery is not None
+        assert letter.last_delivery is not None
+        assert letter.first_delivery.year >= 2025
+        assert letter.last_delivery >= letter.first_delivery

@@ -25,7 +25,13 @@ from .._core.codec import Decoded, Encoded
 from .._core.deadletter import dead_letter_message
 from .._core.partition import partition_for_key
 from .._core.retry import backoff
-from .._errors import AckError, AckStatus, FailedPreconditionError, StreamsubError
+from .._errors import (
+    AckError,
+    AckStatus,
+    FailedPreconditionError,
+    NotFoundError,
+    StreamsubError,
+)
 from .._message import Message
 from .._settings import RetryPolicy
 from ._inventory import Counters, Inventory
@@ -36,8 +42,8 @@ __all__ = ["Settler"]
 log = logging.getLogger("streamsub")
 
 _T = TypeVar("_T")
-_OwnedAck = tuple[str, int, "asyncio.Future[None]"]
-"""(entry id, delivery attempt, who waits for the answer)."""
+_OwnedAck = tuple[str, int, "asyncio.Future[None]", int]
+"""(entry id, delivery attempt, who waits for the answer, when delivered in ms)."""
 
 
 _Flight = tuple[
@@ -147,7 +153,9 @@ class Settler:
         if self._exactly_once:
             future = self._loop.create_future()
             future.add_done_callback(_log_lost_lease)
-            self._owned[partition].append((message._entry_id, message.delivery_attempt, future))
+            self._owned[partition].append(
+                (message._entry_id, message.delivery_attempt, future, message._delivered_ms)
+            )
         else:
             self._acks[partition].append(message._entry_id)
             if message.delivery_attempt > 1:
@@ -281,7 +289,9 @@ class Settler:
         else:
             self._counters.nacked += 1
         future: asyncio.Future[None] = self._loop.create_future()
-        queue[message._partition].append((message._entry_id, message.delivery_attempt, future))
+        queue[message._partition].append(
+            (message._entry_id, message.delivery_attempt, future, message._delivered_ms)
+        )
         self._wake.set()
         await future
 
@@ -338,6 +348,8 @@ class Settler:
                 while dead:
                     await self._send_dead_letter(dead[0])
                     dead.pop(0)
+            except NotFoundError:
+                raise  # a topic is gone: the receiver stops with it
             except StreamsubError as exc:
                 _prepend(self._acks, acks)
                 _prepend(self._forget, forget)
@@ -380,7 +392,7 @@ class Settler:
         self._flight = _NOTHING
         for queue in (self._owned, self._owned_nacks, owned, owned_nacks):
             for items in queue.values():
-                for _, _, future in items:
+                for _, _, future, _ in items:
                     if not future.done():
                         future.set_exception(
                             AckError(
@@ -399,7 +411,8 @@ class Settler:
 
     async def _send_owned_acks(self, owned: dict[int, list[_OwnedAck]]) -> None:
         ids = {
-            p: [(entry_id, attempt) for entry_id, attempt, _ in items] for p, items in owned.items()
+            p: [(entry_id, attempt) for entry_id, attempt, _, _ in items]
+            for p, items in owned.items()
         }
         acked = await self._backend.ack_owned(self._topic, self._group, self._consumer, ids)
         _answer(owned, acked, "acknowledged")
@@ -410,8 +423,8 @@ class Settler:
     async def _send_owned_nacks(self, owned: dict[int, list[_OwnedAck]]) -> None:
         items = {
             p: [
-                NackItem(entry_id, self._delay_ms(attempt), 0, attempt, True)
-                for entry_id, attempt, _ in entries
+                NackItem(entry_id, self._delay_ms(attempt), delivered_ms, attempt, True)
+                for entry_id, attempt, _, delivered_ms in entries
             ]
             for p, entries in owned.items()
         }
@@ -483,7 +496,7 @@ class Settler:
 def _answer(waiting: dict[int, list[_OwnedAck]], done: dict[int, list[str]], what: str) -> None:
     for partition, items in waiting.items():
         ok = set(done.get(partition, ()))
-        for entry_id, attempt, future in items:
+        for entry_id, attempt, future, _ in items:
             if future.done():
                 continue
             if entry_id in ok:

@@ -14,6 +14,11 @@
 local source, target, times, delays = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, id = ARGV[1], ARGV[2], ARGV[3]
 local first, last, blob = ARGV[4], ARGV[5], ARGV[6]
+-- Topics create their streams; a missing one means the dead-letter topic was
+-- deleted: writing would recreate a bare stream nobody reads.
+if redis.call('EXISTS', target) == 0 then
+  return redis.error_reply('NOTOPIC dead-letter stream ' .. target .. ' does not exist')
+end
 local pending = redis.call('XPENDING', source, group, id, id, 1)
 if not (pending[1] and pending[1][2] == consumer) then
   return false
