@@ -251,3 +251,36 @@ async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_ba
         redis_client.xpending(f"ss:{{lateack.{p}}}", "lateack-sub")["pending"] == 0
         for p in range(2)
     )
+
+
+async def test_waiting_delayed_nacks_cost_sweeps_no_lookups(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """300 nacks waiting out a 60 s backoff under a 0.4 s ack deadline: the sweeps
+    that run meanwhile (one per 0.1 s) pass over them without a lookup each (no
+    ZSCORE) and in at most a few pages per partition, not one page per 5 entries
+    as a flow-control budget of 5 would make it."""
+    await client.create_topic("parked", partitions=2)
+    await client.create_subscription(
+        "parked-sub",
+        topic="parked",
+        ack_deadline=0.4,
+        retry_policy=RetryPolicy(minimum_backoff=60.0, maximum_backoff=60.0),
+    )
+    await client.publish_many("parked", [f"m{i}".encode() for i in range(300)])
+
+    async def handler(message: Message) -> None:
+        message.nack()
+
+    flow = streamsub.FlowControl(max_messages=5)
+    async with client.subscribe("parked-sub", handler, ack_mode="manual", flow_control=flow) as sub:
+        await until(lambda: sub.statistics().nacked == 300, 20, "300 nacked")
+        await asyncio.sleep(0.5)
+        redis_client.config_resetstat()
+        await asyncio.sleep(2.0)  # about twenty sweeps
+        stats = redis_client.info("commandstats")
+    assert stats.get("cmdstat_zscore", {}).get("calls", 0) == 0
+    sweeps_times_partitions = stats["cmdstat_zrangebyscore"]["calls"]  # one per sweep start
+    assert sweeps_times_partitions >= 10
+    assert stats["cmdstat_xpending"]["calls"] <= 3 * sweeps_times_partitions
+    assert sub.statistics().reclaimed == 0

@@ -4,12 +4,17 @@
 -- longer than min-idle; score = when due, ms), KEYS[3]: its delivery-time
 -- records.
 -- ARGV: group, consumer, min-idle ms, start ("-" on a sweep's first call, then
--- the cursor returned), count, max delivery attempts (0 = no limit), ids to
--- leave alone, separated by spaces (this consumer's handlers still hold them
--- though their leases ended: claiming them would count a delivery that is not).
--- A nack delayed past min-idle is recognised by one ZSCORE of its id: while
--- its time has not come it is skipped, when it has, it is taken and leaves the
--- delay set. Waiting entries are neither read in bulk nor refreshed.
+-- the cursor returned), count (entries to take at most), max delivery attempts
+-- (0 = no limit), ids to leave alone, separated by spaces (this consumer's
+-- handlers still hold them, or their acks are on the way: claiming them would
+-- count a delivery that is not).
+-- Nacks delayed past min-idle wait parked under the consumer
+-- 'streamsub.delayed' (see nack.lua): the scan passes over them by name, at no
+-- cost per entry; on a sweep's first call the due ones are read from the delay
+-- set (ZRANGEBYSCORE up to now) and taken. An entry idle under another consumer
+-- is checked against the delay set (one ZSCORE), for entries delayed by older
+-- versions. The scan reads up to max(count, 100) pending entries a call, so
+-- entries passed over do not cost a round trip each when count is small.
 -- Returns {cursor ("0-0" when done), items}; each item is
 -- {id, fields or false, delivery count, first delivery ms, last delivery ms, state}
 -- with state 0 = deliver (its count was incremented), 1 = exhausted (held for
@@ -18,47 +23,65 @@ local key, delays, times = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer = ARGV[1], ARGV[2]
 local min_idle, start = tonumber(ARGV[3]), ARGV[4]
 local count, max_attempts = tonumber(ARGV[5]), tonumber(ARGV[6])
+local PARKED = 'streamsub.delayed'
 local skip = {}
 for id in string.gmatch(ARGV[7] or '', '%S+') do skip[id] = true end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
-local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, '+', count)
 local items = {}
-for _, p in ipairs(pending) do
-  local id, idle, delivered = p[1], p[3], p[4]
-  local due = redis.call('ZSCORE', delays, id)
-  if due and tonumber(due) > now then
-    skip[id] = true
-  elseif due then
-    redis.call('ZREM', delays, id)
+
+local function take(id, idle, delivered)
+  local record = redis.call('HGET', times, id)
+  local first, last = now - idle, now - idle
+  if record then
+    local sep = string.find(record, ':', 1, true)
+    first = tonumber(string.sub(record, 1, sep - 1))
+    last = tonumber(string.sub(record, sep + 1))
   end
-  if not skip[id] then
-    local record = redis.call('HGET', times, id)
-    local first, last = now - idle, now - idle
-    if record then
-      local sep = string.find(record, ':', 1, true)
-      first = tonumber(string.sub(record, 1, sep - 1))
-      last = tonumber(string.sub(record, sep + 1))
-    end
-    local entry = redis.call('XRANGE', key, id, id)
-    if #entry == 0 then
-      redis.call('XACK', key, group, id)
-      redis.call('HDEL', times, id)
-      items[#items + 1] = {id, false, delivered, first, last, 2}
-    elseif max_attempts > 0 and delivered >= max_attempts then
-      redis.call('XCLAIM', key, group, consumer, 0, id, 'JUSTID')
-      items[#items + 1] = {id, entry[1][2], delivered, first, last, 1}
-    else
-      local claimed = redis.call('XCLAIM', key, group, consumer, min_idle, id)
-      if claimed[1] then
-        items[#items + 1] = {id, claimed[1][2], delivered + 1, first, last, 0}
-      end
+  local entry = redis.call('XRANGE', key, id, id)
+  if #entry == 0 then
+    redis.call('XACK', key, group, id)
+    redis.call('HDEL', times, id)
+    items[#items + 1] = {id, false, delivered, first, last, 2}
+  elseif max_attempts > 0 and delivered >= max_attempts then
+    redis.call('XCLAIM', key, group, consumer, 0, id, 'JUSTID')
+    items[#items + 1] = {id, entry[1][2], delivered, first, last, 1}
+  else
+    local claimed = redis.call('XCLAIM', key, group, consumer, 0, id)
+    if claimed[1] then
+      items[#items + 1] = {id, claimed[1][2], delivered + 1, first, last, 0}
     end
   end
 end
+
+if start == '-' then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', delays, '-inf', now, 'LIMIT', 0, count)) do
+    if not skip[id] then
+      redis.call('ZREM', delays, id)
+      local p = redis.call('XPENDING', key, group, id, id, 1)[1]
+      if p then take(id, p[3], p[4]) end
+    end
+  end
+end
+
 local cursor = '0-0'
-if #pending >= count then
+local page = math.max(count, 100)
+local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, '+', page)
+for i, p in ipairs(pending) do
+  if #items >= count then
+    cursor = (i == 1) and start or ('(' .. pending[i - 1][1])
+    break
+  end
+  local id, owner = p[1], p[2]
+  if owner ~= PARKED and not skip[id] then
+    local due = redis.call('ZSCORE', delays, id)
+    if not (due and tonumber(due) > now) then
+      if due then redis.call('ZREM', delays, id) end
+      take(id, p[3], p[4])
+    end
+  end
+end
+if cursor == '0-0' and #pending >= page then
   cursor = '(' .. pending[#pending][1]
 end
 return {cursor, items}
