@@ -28,7 +28,7 @@ from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
 from ._engine.stats import collect_stats
-from ._engine.trimmer import Trimmer, enforce_retention, live_snapshots
+from ._engine.trimmer import Trimmer, enforce_retention, is_dead_letter_topic, live_snapshots
 from ._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -732,13 +732,14 @@ class Client:
         self._check_open()
         record = await self._topic_record(topic)
         info = await self._backend.server_info()
-        now = time.time()
+        now = await self._backend.server_time()
         return await enforce_retention(
             self._backend,
             record,
             now=now,
             acked_trim=info.acked_trim,
             snapshots=await live_snapshots(self._backend, now),
+            dead_letters=await is_dead_letter_topic(self._backend, record.name),
         )
 
     async def run_retention(self, *, interval: float = DEFAULT_RETENTION_INTERVAL) -> None:
@@ -811,7 +812,8 @@ class Client:
     async def list_snapshots(self) -> list[Snapshot]:
         """Every snapshot, sorted by name."""
         self._check_open()
-        return [_snapshot(r) for r in await live_snapshots(self._backend, time.time())]
+        now = await self._backend.server_time()
+        return [_snapshot(r) for r in await live_snapshots(self._backend, now)]
 
     async def delete_snapshot(self, name: str) -> None:
         """Delete snapshot ``name``; raises :class:`NotFoundError` if there is none."""

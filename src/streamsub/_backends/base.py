@@ -294,6 +294,11 @@ class Backend(Protocol):
         """The server's version and memory policy."""
         ...
 
+    async def server_time(self) -> float:
+        """The server's clock, seconds since the epoch (``TIME``): what retention,
+        snapshot expiry and statistics judge ages by, whatever the client's clock."""
+        ...
+
     async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
         """Store ``retention`` as the topic's policy (None: keep everything)."""
 
@@ -302,21 +307,25 @@ class Backend(Protocol):
         topic: TopicRecord,
         partition: int,
         *,
-        cutoff: str | None,
+        max_age: float | None,
         max_length: int | None,
         drop_unacked: bool,
         batch: int,
         acked_trim: bool,
         floor: str | None = None,
+        dead_letters: bool = False,
     ) -> tuple[int, int, bool]:
-        """Delete up to ``batch`` of the partition's oldest entries that are below
-        ``cutoff`` (an id) or beyond ``max_length``, and, unless ``drop_unacked``,
-        below the partition's safe point, read in the same atomic step, and below
-        ``floor`` (what snapshots still need; None: nothing). Return
+        """Delete up to ``batch`` of the partition's oldest entries that are older
+        than ``max_age`` seconds by the server's clock or beyond ``max_length``,
+        and, unless ``drop_unacked``, below the partition's safe point and the
+        live snapshot holds, both read in the same atomic step, and below
+        ``floor`` (what snapshot records still need; None: nothing). Return
         (deleted, of them unacknowledged, more remain). With ``drop_unacked`` the
         unacknowledged ones are added to the partition's dropped counter and
-        leave the pending lists. ``acked_trim`` lets a server that has
-        ``XTRIM … ACKED`` decide what is acknowledged itself."""
+        leave the pending lists; with ``dead_letters`` (a dead-letter topic)
+        entries deleted while no group reads the topic are counted there too.
+        ``acked_trim`` lets a server that has ``XTRIM … ACKED`` decide what is
+        acknowledged itself."""
         ...
 
     async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
@@ -325,6 +334,11 @@ class Backend(Protocol):
 
     async def try_lock(self, name: str, token: str, ttl: float) -> bool:
         """Take the lock ``name`` for ``ttl`` seconds unless someone holds it."""
+        ...
+
+    async def extend_lock(self, name: str, token: str, ttl: float) -> bool:
+        """Give the lock ``name`` ``ttl`` more seconds if ``token`` still holds it;
+        False when it does not (the lock expired or another holder took it)."""
         ...
 
     async def unlock(self, name: str, token: str) -> None:

@@ -248,6 +248,7 @@ class RedisBackend:
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
         self._trim = _Script(_script("trim.lua"))
         self._unlock = _Script(_script("unlock.lua"))
+        self._extend_lock = _Script(_script("extend_lock.lua"))
         self._seek = _Script(_script("seek.lua"))
         self._delete_entries = _Script(_script("delete_entries.lua"))
         self._stats = _Script(_script("stats.lua"))
@@ -783,6 +784,11 @@ class RedisBackend:
         policy = info.get("maxmemory_policy")
         return ServerInfo((major, minor, patch), None if policy is None else str(policy))
 
+    async def server_time(self) -> float:
+        with self._errors():
+            seconds, micros = await self._redis.time()
+        return int(seconds) + int(micros) / 1_000_000
+
     async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
         with self._errors():
             await self._redis.hset(
@@ -794,21 +800,27 @@ class RedisBackend:
         topic: TopicRecord,
         partition: int,
         *,
-        cutoff: str | None,
+        max_age: float | None,
         max_length: int | None,
         drop_unacked: bool,
         batch: int,
         acked_trim: bool,
         floor: str | None = None,
+        dead_letters: bool = False,
     ) -> tuple[int, int, bool]:
-        keys = [self._keys(topic)[partition], _keys.dropped_key(topic.name, partition)]
+        keys = [
+            self._keys(topic)[partition],
+            _keys.dropped_key(topic.name, partition),
+            _keys.holds_key(topic.name, partition),
+        ]
         args = [
-            cutoff or "",
+            "" if max_age is None else repr(max_age * 1000),
             "" if max_length is None else max_length,
             1 if drop_unacked else 0,
             batch,
             1 if acked_trim else 0,
             floor or "",
+            1 if dead_letters else 0,
         ]
         with self._errors():
             deleted, dropped, more = await self._evalsha(self._trim, keys, args)
@@ -829,6 +841,13 @@ class RedisBackend:
                 _keys.lock_key(name), token, nx=True, px=max(1, int(ttl * 1000))
             )
         return bool(taken)
+
+    async def extend_lock(self, name: str, token: str, ttl: float) -> bool:
+        with self._errors():
+            kept = await self._evalsha(
+                self._extend_lock, [_keys.lock_key(name)], [token, max(1, int(ttl * 1000))]
+            )
+        return bool(kept)
 
     async def unlock(self, name: str, token: str) -> None:
         with self._errors():
