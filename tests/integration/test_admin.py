@@ -422,3 +422,34 @@ async def test_closed_client_raises_closed_error(server: RedisServer) -> None:
         await client.list_topics()
     with pytest.raises(streamsub.ClosedError):
         await client.publish("orders", b"x")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://alice:pa/ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:pa?ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:pa#ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:pa@ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:ss0rd@127.0.0.1:notaport/0",
+        "redis://:ss0rd/x@127.0.0.1:{port}/0?db=0",
+    ],
+    ids=["slash", "question-mark", "hash", "at", "bad-port", "no-user"],
+)
+async def test_url_password_with_url_delimiters_never_leaks(url: str) -> None:
+    """A password holding an unencoded '/', '?', '#' or '@', or a URL with a bad port,
+    shows neither in client.url nor in the error that connect() raises."""
+    url = url.format(port=_free_port())
+    try:
+        client = streamsub.connect(url)
+    except streamsub.StreamsubError as exc:  # refused at once: the message is what leaks
+        text = str(exc)
+    else:
+        assert "ss0rd" not in client.url
+        assert "***" in client.url
+        with pytest.raises(streamsub.StreamsubError) as info:
+            async with client:
+                pass
+        text = str(info.value)
+    assert "ss0rd" not in text
+    assert "***" in text

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import socket
 import ssl
 import urllib.parse
@@ -80,23 +81,30 @@ def _script(name: str) -> str:
     return resources.files(__package__).joinpath("scripts", name).read_text()
 
 
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
 def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    if any(name == "password" for name, _ in query):
-        hidden = [(name, "***" if name == "password" else value) for name, value in query]
-        parts = parts._replace(query=urllib.parse.urlencode(hidden, safe="*"))
-    if parts.password is not None:
-        host = parts.hostname or ""
-        netloc = f"[{host}]" if ":" in host else host
-        netloc = f"{parts.username}:***@{netloc}" if parts.username else f":***@{netloc}"
-        if parts.port:
-            netloc += f":{parts.port}"
-        parts = parts._replace(netloc=netloc)
-    # Not urlunsplit: it drops the "//" of unix:///path, whose netloc is empty.
-    tail = f"?{parts.query}" if parts.query else ""
-    return f"{parts.scheme}://{parts.netloc}{parts.path}{tail}"
+    """``url`` without its password, for messages and logs; never raises.
+
+    Done on the text, not by parsing: a password may hold an unencoded ``/``,
+    ``?``, ``#`` or ``@``, which a URL parser takes for the end of the host part
+    (leaking the rest), and a malformed port makes parsers raise. Everything
+    between ``://`` and the last ``@`` is masked (the user name is kept when it
+    is plain), and so is a ``password=`` query parameter.
+    """
+    try:
+        scheme, separator, rest = url.partition("://")
+        if separator:
+            at = rest.rfind("@")
+            if at >= 0:
+                user, colon, _ = rest[:at].partition(":")
+                shown = user if colon and not any(c in user for c in "/?#") else ""
+                rest = f"{shown}:***{rest[at:]}"
+            url = f"{scheme}://{rest}"
+        return _QUERY_PASSWORD.sub(r"\1***", url)
+    except Exception:  # a log line must never fail; show nothing of the URL then
+        return "<Redis URL not shown>"
 
 
 def _retention_json(retention: Retention | None) -> str:
@@ -229,10 +237,19 @@ class RedisBackend:
             # turns each into a dict, which costs more than decoding it.
             self._redis.set_response_callback("XREADGROUP", _raw)
         except ValueError as exc:
+            if "@" not in url and "password=" not in url:
+                raise InvalidArgumentError(
+                    f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
+                    "rediss://... for TLS or unix:///path/to/redis.sock"
+                ) from exc
+            # The parser's message (and so the cause) may quote part of the
+            # password, e.g. as a port that "could not be cast to integer".
             raise InvalidArgumentError(
-                f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
-                "rediss://... for TLS or unix:///path/to/redis.sock"
-            ) from exc
+                f"cannot use Redis URL {redact(url)!r}: it is malformed; percent-encode "
+                "'/', '?', '#', '@' and ':' in a user name or password (e.g. '/' as %2F) "
+                "and use redis://user:password@host:port/db, rediss://... for TLS or "
+                "unix:///path/to/redis.sock?password=..."
+            ) from None
         self._socket_timeout = float(socket_timeout)
         self._append = _Script(_script("append.lua"))
         self._appender = InOrderConnection(
