@@ -12,6 +12,7 @@ import pytest
 import redis
 
 import streamsub
+from streamsub._backends.redis import RedisBackend
 from streamsub.testing import RedisServer, redis_server
 
 STREAMS = [f"ss:{{orders.{n}}}" for n in range(16)]
@@ -453,3 +454,41 @@ async def test_url_password_with_url_delimiters_never_leaks(url: str) -> None:
         text = str(info.value)
     assert "ss0rd" not in text
     assert "***" in text
+
+
+async def test_retention_update_racing_delete_topic_recreates_nothing(
+    client: streamsub.Client, server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Setting a retention policy on a topic deleted meanwhile raises
+    TopicNotFoundError and leaves no half record behind."""
+    await client.create_topic("orders", partitions=4)
+    backend = RedisBackend(server.url)
+    try:
+        record = await backend.get_topic("orders")
+        assert record is not None
+        await backend.delete_topic(record)
+        with pytest.raises(streamsub.TopicNotFoundError):
+            await backend.set_retention(record, streamsub.Retention(max_length=10))
+    finally:
+        await backend.close()
+    assert redis_client.exists("ss:topic:orders") == 0
+    with pytest.raises(streamsub.TopicNotFoundError):
+        await client.update_topic_retention("orders", streamsub.Retention(max_length=10))
+
+
+async def test_a_damaged_record_raises_a_clear_backend_error(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """A topic or subscription record missing fields raises BackendError naming
+    the record, not a bare KeyError."""
+    redis_client.hset("ss:topic:orders", "retention", "")
+    redis_client.sadd("ss:topics", "orders")
+    redis_client.hset("ss:sub:billing", mapping={"name": "billing", "topic": "orders"})
+    redis_client.sadd("ss:subscriptions", "billing")
+    for call in (
+        client.get_topic("orders"),
+        client.list_topics(),
+        client.get_subscription("billing"),
+    ):
+        with pytest.raises(streamsub.BackendError, match="damaged"):
+            await call

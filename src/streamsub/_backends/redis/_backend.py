@@ -30,6 +30,7 @@ from ..._errors import (
     BackendError,
     CertificateError,
     InvalidArgumentError,
+    InvalidTypeError,
     ResourceExhaustedError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
@@ -105,6 +106,20 @@ def redact(url: str) -> str:
         return _QUERY_PASSWORD.sub(r"\1***", url)
     except Exception:  # a log line must never fail; show nothing of the URL then
         return "<Redis URL not shown>"
+
+
+@contextlib.contextmanager
+def _parsing(kind: str, fields: Mapping[str, str]) -> Iterator[None]:
+    """Turn a damaged stored record (a field missing or malformed, e.g. written
+    by hand or half-recreated by a racing writer) into a clear BackendError."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, InvalidArgumentError, InvalidTypeError) as exc:
+        name = fields.get("name", "?")
+        raise BackendError(
+            f"the stored {kind} record {name!r} is damaged ({type(exc).__name__}: {exc}; "
+            f"fields present: {sorted(fields)}): delete the {kind} and create it again"
+        ) from exc
 
 
 def _retention_json(retention: Retention | None) -> str:
@@ -265,6 +280,7 @@ class RedisBackend:
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
         self._trim = _Script(_script("trim.lua"))
         self._unlock = _Script(_script("unlock.lua"))
+        self._set_field = _Script(_script("set_field.lua"))
         self._extend_lock = _Script(_script("extend_lock.lua"))
         self._seek = _Script(_script("seek.lua"))
         self._delete_entries = _Script(_script("delete_entries.lua"))
@@ -411,13 +427,14 @@ class RedisBackend:
     @staticmethod
     def _topic(fields: Mapping[str, str]) -> TopicRecord:
         retention = fields.get("retention")
-        return TopicRecord(
-            name=fields["name"],
-            partitions=int(fields["partitions"]),
-            layout=fields["layout"],
-            created=float(fields["created"]),
-            retention=Retention.from_dict(json.loads(retention)) if retention else None,
-        )
+        with _parsing("topic", fields):
+            return TopicRecord(
+                name=fields["name"],
+                partitions=int(fields["partitions"]),
+                layout=fields["layout"],
+                created=float(fields["created"]),
+                retention=Retention.from_dict(json.loads(retention)) if retention else None,
+            )
 
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
         record = dataclasses.replace(record, layout=_keys.LAYOUT)
@@ -454,12 +471,13 @@ class RedisBackend:
     # --- subscriptions ---------------------------------------------------------
     @staticmethod
     def _subscription(fields: Mapping[str, str]) -> SubscriptionRecord:
-        return SubscriptionRecord(
-            name=fields["name"],
-            topic=fields["topic"],
-            created=float(fields["created"]),
-            settings=json.loads(fields["settings"]),
-        )
+        with _parsing("subscription", fields):
+            return SubscriptionRecord(
+                name=fields["name"],
+                topic=fields["topic"],
+                created=float(fields["created"]),
+                settings=json.loads(fields["settings"]),
+            )
 
     async def create_subscription(
         self, record: SubscriptionRecord, topic: TopicRecord, start_id: str
@@ -807,9 +825,17 @@ class RedisBackend:
         return int(seconds) + int(micros) / 1_000_000
 
     async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+        # Only on a record that exists, in one step: an HSET racing delete_topic
+        # would recreate a record that holds nothing but the policy.
         with self._errors():
-            await self._redis.hset(
-                _keys.topic_key(topic.name), "retention", _retention_json(retention)
+            stored = await self._evalsha(
+                self._set_field,
+                [_keys.topic_key(topic.name)],
+                ["retention", _retention_json(retention)],
+            )
+        if not stored:
+            raise TopicNotFoundError(
+                f"topic {topic.name!r} does not exist (deleted meanwhile?): create it first"
             )
 
     async def trim(
@@ -923,14 +949,15 @@ class RedisBackend:
 
     @staticmethod
     def _snapshot(fields: Mapping[str, str]) -> SnapshotRecord:
-        return SnapshotRecord(
-            name=fields["name"],
-            subscription=fields["subscription"],
-            topic=fields["topic"],
-            created=float(fields["created"]),
-            positions=positions_from_json(json.loads(fields["positions"])),
-            expires=float(fields["expires"]),
-        )
+        with _parsing("snapshot", fields):
+            return SnapshotRecord(
+                name=fields["name"],
+                subscription=fields["subscription"],
+                topic=fields["topic"],
+                created=float(fields["created"]),
+                positions=positions_from_json(json.loads(fields["positions"])),
+                expires=float(fields["expires"]),
+            )
 
     async def get_snapshot(self, name: str) -> SnapshotRecord | None:
         fields = await self._get(_keys.snapshot_key(name))
