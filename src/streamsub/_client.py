@@ -779,7 +779,7 @@ class Client:
     async def _snapshot_record(self, name: str) -> SnapshotRecord:
         check_name("snapshot", name)
         snapshot = await self._backend.get_snapshot(name)
-        if snapshot is not None and snapshot.expires <= time.time():
+        if snapshot is not None and snapshot.expires <= await self._backend.server_time():
             await self._backend.delete_snapshot(name)
             snapshot = None
         if snapshot is None:
@@ -801,7 +801,7 @@ class Client:
             raise InvalidArgumentError(f"{name!r} is a seek target, not a snapshot name")
         record = await self._subscription_record(subscription)
         topic = await self._topic_record(record.topic)
-        snapshot = await take_snapshot(self._backend, name, topic, subscription, time.time())
+        snapshot = await take_snapshot(self._backend, name, topic, subscription)
         return _snapshot(snapshot)
 
     async def get_snapshot(self, name: str) -> Snapshot:

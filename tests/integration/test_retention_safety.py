@@ -15,7 +15,7 @@ import redis
 import streamsub
 from streamsub import metrics
 from streamsub._backends.redis import RedisBackend
-from streamsub._engine.trimmer import enforce_retention
+from streamsub._engine.trimmer import Trimmer, enforce_retention
 from streamsub._errors import UnavailableError
 from streamsub.testing import RedisServer
 
@@ -259,3 +259,45 @@ async def test_a_long_pass_renews_its_lock_and_stops_when_it_lost_it(
         await backend.close()
     assert (steps, result.trimmed) == (1, 100)
     assert redis_client.get("ss:lock:retention:orders") == b"theirs"
+
+
+async def test_a_snapshot_taken_during_a_pass_holds_back_its_trim(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """A snapshot taken after a pass read the snapshot list, followed by its
+    subscription acknowledging everything, still keeps every message the
+    snapshot needs: its hold is written with the positions and read by the trim
+    step; deleting the snapshot releases it."""
+    await client.create_topic(
+        "orders", partitions=PARTITIONS, retention=streamsub.Retention(max_length=10)
+    )
+    await client.create_subscription("billing", topic="orders", start="earliest")
+    await _fill(client, "orders")
+    before = _ids(redis_client, "orders")
+    for p in range(PARTITIONS):  # half pending, half not yet delivered
+        redis_client.xreadgroup("billing", "c", {_stream("orders", p): ">"}, count=250)
+
+    backend = RedisBackend(server.url)
+    trimmer = Trimmer(backend, interval=3600)
+    trimmer._topics.add("orders")  # what watch_topic records, without a loop
+    real_lock = backend.try_lock
+
+    async def lock_then_race(name: str, token: str, ttl: float) -> bool:
+        taken = await real_lock(name, token, ttl)
+        await client.create_snapshot("snap", "billing")  # after the list was read
+        for p in range(PARTITIONS):
+            key = _stream("orders", p)
+            redis_client.xreadgroup("billing", "c", {key: ">"}, count=10_000)
+            redis_client.xack(key, "billing", *before[p])
+        return taken
+
+    backend.try_lock = lock_then_race  # type: ignore[method-assign]
+    try:
+        results = await trimmer.run_once()
+    finally:
+        await backend.close()
+    assert results["orders"].trimmed == 0
+    assert _ids(redis_client, "orders") == before
+    await client.delete_snapshot("snap")
+    result = await client.enforce_retention("orders")
+    assert result.trimmed == PARTITIONS * (PER_PARTITION - 10)

@@ -10,8 +10,6 @@ import pytest
 import redis
 
 import streamsub
-from streamsub._backends.redis import RedisBackend
-from streamsub._engine.seek import take_snapshot
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -256,13 +254,14 @@ async def test_a_live_snapshot_holds_back_retention_and_an_expired_one_does_not(
     await client.seek("billing", to="keep")
     assert await _receive(client, len(pending_then) + len(later)) == set(pending_then) | set(later)
 
-    backend = RedisBackend(server.url)
-    try:
-        topic = await backend.get_topic("orders")
-        assert topic is not None
-        await take_snapshot(backend, "old", topic, "billing", now=time.time() - 8 * 86_400)
-    finally:
-        await backend.close()
+    await client.create_snapshot("old", "billing")
+    # Seven days later by the server's clock: the record and its holds expired.
+    past = time.time() - 86_400
+    redis_client.hset("ss:snapshot:old", "expires", repr(past))
+    for p in range(PARTITIONS):
+        holds = f"{_stream('orders', p)}:holds"
+        needs = redis_client.hget(holds, "old").split()[0].decode()  # type: ignore[union-attr]
+        redis_client.hset(holds, "old", f"{needs} {int(past * 1000)}")
     await client.delete_snapshot("keep")
     assert [s.name for s in await client.list_snapshots()] == []
     assert redis_client.exists("ss:snapshot:old") == 0

@@ -354,12 +354,22 @@ class Backend(Protocol):
         Return (acknowledged, made pending again)."""
         ...
 
-    async def group_positions(
-        self, topic: TopicRecord, group: str, max_pending: int
-    ) -> dict[int, PartitionPosition]:
-        """Per partition, the group's last-delivered id and up to ``max_pending`` + 1
-        pending ids."""
+    async def hold_positions(
+        self, topic: TopicRecord, group: str, name: str, lifetime: float, max_pending: int
+    ) -> tuple[dict[int, PartitionPosition], float, float]:
+        """Read ``group``'s last delivered id and pending ids on every partition
+        and, in the same atomic step per partition, hold back retention there
+        for snapshot ``name`` for ``lifetime`` seconds of the server's clock.
+        Return the positions, and when (server time) the hold began and ends.
+        Raises AlreadyExistsError (a live snapshot of that name),
+        FailedPreconditionError (more than ``max_pending`` pending on a
+        partition) or SubscriptionNotFoundError, and then holds nothing."""
         ...
+
+    async def release_holds(
+        self, topic: TopicRecord, name: str, partitions: Sequence[int] | None = None
+    ) -> None:
+        """Drop snapshot ``name``'s retention holds (on ``partitions``, or all)."""
 
     async def create_snapshot(self, record: SnapshotRecord) -> bool:
         """Store ``record`` unless a snapshot of that name exists; return whether stored."""

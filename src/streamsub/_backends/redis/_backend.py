@@ -26,9 +26,11 @@ from ..._core.retention import Retention
 from ..._core.seek import PartitionPosition, PartitionSeek, positions_from_json, positions_json
 from ..._core.stats import GroupCounts, PartitionCounts
 from ..._errors import (
+    AlreadyExistsError,
     AuthenticationError,
     BackendError,
     CertificateError,
+    FailedPreconditionError,
     InvalidArgumentError,
     InvalidTypeError,
     ResourceExhaustedError,
@@ -78,8 +80,11 @@ _RECLAIM_STATES: tuple[ReclaimState, ...] = ("deliver", "exhausted", "lost")
 """Index = the state number reclaim.lua returns."""
 
 
-def _script(name: str) -> str:
-    return resources.files(__package__).joinpath("scripts", name).read_text()
+def _script(name: str, *, ids: bool = False) -> str:
+    """A script's source; ``ids``: with the id helpers of ``_ids.lua`` before it."""
+    scripts = resources.files(__package__).joinpath("scripts")
+    source = scripts.joinpath(name).read_text()
+    return scripts.joinpath("_ids.lua").read_text() + source if ids else source
 
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
@@ -278,13 +283,14 @@ class RedisBackend:
         self._dead_letter = _Script(_script("dead_letter.lua"))
         self._ack_owned = _Script(_script("ack_owned.lua"))
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
-        self._trim = _Script(_script("trim.lua"))
+        self._trim = _Script(_script("trim.lua", ids=True))
         self._unlock = _Script(_script("unlock.lua"))
         self._set_field = _Script(_script("set_field.lua"))
         self._extend_lock = _Script(_script("extend_lock.lua"))
         self._seek = _Script(_script("seek.lua"))
         self._delete_entries = _Script(_script("delete_entries.lua"))
         self._stats = _Script(_script("stats.lua"))
+        self._hold = _Script(_script("snapshot.lua", ids=True))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -463,7 +469,11 @@ class RedisBackend:
         return [self._topic(f) for f in await self._list(_keys.TOPICS)]
 
     async def delete_topic(self, record: TopicRecord) -> None:
-        dropped = [_keys.dropped_key(record.name, p) for p in range(record.partitions)]
+        dropped = [
+            key
+            for p in range(record.partitions)
+            for key in (_keys.dropped_key(record.name, p), _keys.holds_key(record.name, p))
+        ]
         with self._errors():
             await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
             await self._redis.srem(_keys.TOPICS, record.name)
@@ -910,28 +920,49 @@ class RedisBackend:
             acked, restored = await self._evalsha(self._seek, keys, args)
         return int(acked), int(restored)
 
-    async def group_positions(
-        self, topic: TopicRecord, group: str, max_pending: int
-    ) -> dict[int, PartitionPosition]:
-        infos = {i.partition: i for i in await self.group_info(topic, group)}
+    async def hold_positions(
+        self, topic: TopicRecord, group: str, name: str, lifetime: float, max_pending: int
+    ) -> tuple[dict[int, PartitionPosition], float, float]:
         keys = self._keys(topic)
+        args = [group, name, int(lifetime * 1000), max_pending]
+        calls = [(p, [key, _keys.holds_key(topic.name, p)], args) for p, key in enumerate(keys)]
+        with self._errors():
+            replies = await self._evalsha_many(self._hold, calls)
+        held = [p for p, reply in enumerate(replies) if _text(reply[0]) == "ok"]
+        failed = {_text(reply[0]) for reply in replies} - {"ok"}
+        if failed:
+            await self.release_holds(topic, name, held)
+        if "exists" in failed:
+            raise AlreadyExistsError(
+                f"snapshot {name!r} exists: delete it first or use another name"
+            )
+        if "nogroup" in failed:
+            raise SubscriptionNotFoundError(
+                f"topic {topic.name!r} has no consumer group {group!r} on every partition: "
+                "the subscription was deleted or its topic recreated; create it again"
+            )
+        if failed:
+            partition = next(p for p, r in enumerate(replies) if _text(r[0]) == "toomany")
+            raise FailedPreconditionError(
+                f"subscription {group!r} has more than {max_pending} pending messages on "
+                f"partition {partition}: a snapshot records at most that many; let "
+                "subscribers catch up first"
+            )
+        positions = {
+            p: PartitionPosition(_text(reply[1]), tuple(_text(i) for i in reply[4:]))
+            for p, reply in enumerate(replies)
+        }
+        return positions, int(replies[0][2]) / 1000, int(replies[0][3]) / 1000
+
+    async def release_holds(
+        self, topic: TopicRecord, name: str, partitions: Sequence[int] | None = None
+    ) -> None:
+        chosen = range(topic.partitions) if partitions is None else partitions
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
-                for partition in infos:
-                    pipe.xpending_range(keys[partition], group, "-", "+", max_pending + 1)
-                replies = await pipe.execute()
-        return {
-            partition: PartitionPosition(
-                infos[partition].last_delivered_id,
-                tuple(
-                    p["message_id"].decode()
-                    if isinstance(p["message_id"], bytes)
-                    else p["message_id"]
-                    for p in reply
-                ),
-            )
-            for partition, reply in zip(infos, replies, strict=True)
-        }
+                for p in chosen:
+                    pipe.hdel(_keys.holds_key(topic.name, p), name)
+                await pipe.execute()
 
     async def create_snapshot(self, record: SnapshotRecord) -> bool:
         fields = {
@@ -967,6 +998,11 @@ class RedisBackend:
         return [self._snapshot(f) for f in await self._list(_keys.SNAPSHOTS)]
 
     async def delete_snapshot(self, name: str) -> bool:
+        with self._errors():
+            topic_name = await self._redis.hget(_keys.snapshot_key(name), "topic")
+        topic = None if topic_name is None else await self.get_topic(_text(topic_name))
+        if topic is not None:
+            await self.release_holds(topic, name)
         with self._errors():
             deleted = await self._redis.delete(_keys.snapshot_key(name))
             await self._redis.srem(_keys.SNAPSHOTS, name)
