@@ -400,6 +400,14 @@ class Backend(Protocol):
         return how many existed."""
         ...
 
+    async def claim_entries(
+        self, topic: TopicRecord, ids: Mapping[int, Sequence[str]], ttl: float
+    ) -> dict[int, list[str]]:
+        """Per partition, claim ``ids`` for ``ttl`` seconds (server clock) in one
+        atomic step and return those won: entries that exist and that nobody
+        holds a live claim on. Deleting an entry ends its claim."""
+        ...
+
     # --- operations: statistics --------------------------------------------------
     async def partition_counts(
         self,

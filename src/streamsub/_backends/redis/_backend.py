@@ -289,6 +289,7 @@ class RedisBackend:
         self._extend_lock = _Script(_script("extend_lock.lua"))
         self._seek = _Script(_script("seek.lua"))
         self._delete_entries = _Script(_script("delete_entries.lua"))
+        self._claim_entries = _Script(_script("claim_entries.lua"))
         self._stats = _Script(_script("stats.lua"))
         self._hold = _Script(_script("snapshot.lua", ids=True))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
@@ -1023,12 +1024,33 @@ class RedisBackend:
 
     async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
         keys = self._keys(topic)
-        calls = [(p, [keys[p]], list(entry_ids)) for p, entry_ids in ids.items() if entry_ids]
+        calls = [
+            (p, [keys[p], _keys.claims_key(topic.name, p)], list(entry_ids))
+            for p, entry_ids in ids.items()
+            if entry_ids
+        ]
         if not calls:
             return 0
         with self._errors():
             replies = await self._evalsha_many(self._delete_entries, calls)
         return sum(int(n) for n in replies)
+
+    async def claim_entries(
+        self, topic: TopicRecord, ids: Mapping[int, Sequence[str]], ttl: float
+    ) -> dict[int, list[str]]:
+        keys = self._keys(topic)
+        calls = [
+            (p, [keys[p], _keys.claims_key(topic.name, p)], [max(1, int(ttl * 1000)), *entry_ids])
+            for p, entry_ids in ids.items()
+            if entry_ids
+        ]
+        if not calls:
+            return {}
+        with self._errors():
+            replies = await self._evalsha_many(self._claim_entries, calls)
+        return {
+            p: [_text(i) for i in reply] for (p, _, _), reply in zip(calls, replies, strict=True)
+        }
 
     # --- operations: statistics --------------------------------------------------
     async def partition_counts(

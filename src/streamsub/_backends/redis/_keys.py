@@ -14,6 +14,7 @@ __all__ = [
     "TOPICS",
     "SNAPSHOTS",
     "delay_key",
+    "claims_key",
     "dropped_key",
     "holds_key",
     "lock_key",
@@ -61,6 +62,12 @@ def dropped_key(topic: str, partition: int) -> str:
     """The counter of unacknowledged entries that retention dropped from one
     partition (only with ``drop_unacked=True``); it shares the stream's tag."""
     return f"ss:{{{topic}.{partition}}}:dropped"
+
+
+def claims_key(topic: str, partition: int) -> str:
+    """The hash of a partition's entries claimed by a dead-letter replay (entry
+    id -> claim expiry, server ms); it shares the stream's tag."""
+    return f"ss:{{{topic}.{partition}}}:claims"
 
 
 def holds_key(topic: str, partition: int) -> str:
