@@ -901,7 +901,8 @@ class Client:
             subscriptions = await self._backend.list_subscriptions(topic)
         names = {t.name for t in topics}
         subscriptions = [s for s in subscriptions if s.topic in names]
-        return await collect_stats(self._backend, topics, subscriptions, now=time.time())
+        now = await self._backend.server_time()  # ages by the server's clock, as ids are
+        return await collect_stats(self._backend, topics, subscriptions, now=now)
 
 
 class Subscriber:

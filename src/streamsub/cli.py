@@ -775,7 +775,7 @@ def _stats_tables(stats: Stats) -> Group:
         "oldest unacked",
         "pending per consumer",
         "delivery attempts",
-        "dead letters",
+        "dead-letter topic length",
         title="subscriptions",
     )
     partitions = Table(
@@ -790,7 +790,7 @@ def _stats_tables(stats: Stats) -> Group:
             _age(s.oldest_unacked_age),
             ", ".join(f"{c}={n:,}" for c, n in s.pending_per_consumer.items()) or "-",
             ", ".join(f"{a}x: {n:,}" for a, n in s.delivery_attempts.items()) or "-",
-            "-" if s.dead_letters is None else f"{s.dead_letters:,}",
+            "-" if s.dead_letter_topic_length is None else f"{s.dead_letter_topic_length:,}",
         )
         for p in s.partitions:
             partitions.add_row(

@@ -61,7 +61,11 @@ def test_stats_json_and_table_show_known_traffic(
     assert (topic["topic"], topic["length"], topic["lengths"]) == ("orders", 160, [40] * 4)
     assert topic["publish_rate"] == pytest.approx(16.0)
     billing = next(s for s in report["subscriptions"] if s["subscription"] == "billing")
-    assert (billing["backlog"], billing["pending"], billing["dead_letters"]) == (130, 30, 3)
+    assert (billing["backlog"], billing["pending"], billing["dead_letter_topic_length"]) == (
+        130,
+        30,
+        3,
+    )
     assert billing["pending_per_consumer"] == {"c1": 20, "c2": 10}
     assert billing["delivery_attempts"] == {"1": 27, "2": 3}
     assert [p["pending"] for p in billing["partitions"]] == [10, 10, 5, 5]

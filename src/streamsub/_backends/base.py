@@ -413,13 +413,16 @@ class Backend(Protocol):
         self,
         topic: TopicRecord,
         *,
-        window_start: str,
-        window_cap: int,
+        window: float,
+        rate_sample: int,
         sample: int,
         backlog_cap: int,
     ) -> list[PartitionCounts]:
-        """Every partition's length, memory, entries since ``window_start`` (at most
-        ``window_cap``) and, per group, its pending and backlog counts, first
-        unacknowledged ids, pending per consumer and the delivery counts of up to
-        ``sample`` oldest pending entries."""
+        """Every partition's length, memory, the entries of the last ``window``
+        seconds by the server's clock (at most the newest ``rate_sample``, and
+        the time they span) and, per group, its pending and backlog (counted up
+        to ``backlog_cap`` when the server has no lag) counts, first
+        unacknowledged ids, pending per consumer and the delivery counts of up
+        to ``sample`` oldest pending entries. Bounded work per partition,
+        whatever its length."""
         ...

@@ -1057,13 +1057,13 @@ class RedisBackend:
         self,
         topic: TopicRecord,
         *,
-        window_start: str,
-        window_cap: int,
+        window: float,
+        rate_sample: int,
         sample: int,
         backlog_cap: int,
     ) -> list[PartitionCounts]:
         keys = self._keys(topic)
-        args = [window_start, window_cap, sample, backlog_cap]
+        args = [int(window * 1000), rate_sample, sample, backlog_cap]
         calls = [(p, [key], args) for p, key in enumerate(keys)]
         with self._errors():
             replies = await self._evalsha_many(self._stats, calls)
@@ -1076,7 +1076,7 @@ class RedisBackend:
             return value.decode() if isinstance(value, bytes) else str(value)
 
         counts = []
-        for partition, (length, recent, groups) in enumerate(replies):
+        for partition, (length, recent, span, now, groups) in enumerate(replies):
             used = memory[partition]
             counts.append(
                 PartitionCounts(
@@ -1084,6 +1084,8 @@ class RedisBackend:
                     length=int(length),
                     memory=int(used) if isinstance(used, int) else None,
                     recent=int(recent),
+                    recent_span=int(span) / 1000,
+                    server_time=int(now) / 1000,
                     groups=[
                         GroupCounts(
                             name=text(name),
