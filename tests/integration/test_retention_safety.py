@@ -301,3 +301,38 @@ async def test_a_snapshot_taken_during_a_pass_holds_back_its_trim(
     await client.delete_snapshot("snap")
     result = await client.enforce_retention("orders")
     assert result.trimmed == PARTITIONS * (PER_PARTITION - 10)
+
+
+async def test_one_trim_step_deletes_at_most_its_batch_on_every_path(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """A trim step deletes at most `batch` entries also where the server decides
+    with XTRIM … ACKED (Redis 8.2+); a pass repeats steps until done."""
+    await client.create_topic(
+        "orders", partitions=PARTITIONS, retention=streamsub.Retention(max_length=10)
+    )
+    await client.create_subscription("billing", topic="orders", start="earliest")
+    await _fill(client, "orders")
+    for p in range(PARTITIONS):
+        key = _stream("orders", p)
+        got = redis_client.xreadgroup("billing", "c", {key: ">"}, count=10_000)
+        redis_client.xack(key, "billing", *[e[0] for e in got[0][1]])
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.get_topic("orders")
+        assert topic is not None
+        acked_trim = (await backend.server_info()).acked_trim
+        steps = []
+        more = True
+        while more:
+            deleted, _, more = await backend.trim(
+                topic, 0, max_age=None, max_length=10, drop_unacked=False, batch=100,
+                acked_trim=acked_trim,
+            )  # fmt: skip
+            steps.append(deleted)
+        result = await enforce_retention(backend, topic, now=time.time(), batch=100)
+    finally:
+        await backend.close()
+    assert max(steps) <= 100
+    assert sum(steps) == PER_PARTITION - 10
+    assert result.trimmed == (PARTITIONS - 1) * (PER_PARTITION - 10)

@@ -912,14 +912,34 @@ class RedisBackend:
     """Entries a snapshot seek makes pending again look idle for a day, longer
     than any ack deadline, so the next reclaimer sweep delivers them."""
 
+    SEEK_STEP = 10_000
+    """Pending entries one seek step looks at (or ids it restores) at most."""
+
     async def seek_partition(
         self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
     ) -> tuple[int, int]:
-        keys = self._companions(topic, partition, group)
-        args = [group, plan.position, consumer, self._RESTORED_IDLE_MS, *plan.redeliver]
+        keys = [
+            *self._companions(topic, partition, group),
+            f"{_keys.stream_key(topic.name, partition)}:seek:{group}",
+        ]
+        acked = restored = 0
         with self._errors():
-            acked, restored = await self._evalsha(self._seek, keys, args)
-        return int(acked), int(restored)
+            try:
+                for i in range(0, len(plan.redeliver), self.SEEK_STEP):
+                    chunk = plan.redeliver[i : i + self.SEEK_STEP]
+                    args = [group, "restore", consumer, self._RESTORED_IDLE_MS, *chunk]
+                    restored += int((await self._evalsha(self._seek, keys, args))[1])
+                _, _, position = await self._evalsha(
+                    self._seek, keys, [group, "set", plan.position]
+                )
+                cursor = "-"
+                while cursor:
+                    args = [group, "ack", _text(position), cursor, self.SEEK_STEP]
+                    n, _, next_cursor = await self._evalsha(self._seek, keys, args)
+                    acked, cursor = acked + int(n), _text(next_cursor)
+            finally:
+                await self._evalsha(self._seek, keys, [group, "done"])
+        return acked, restored
 
     async def hold_positions(
         self, topic: TopicRecord, group: str, name: str, lifetime: float, max_pending: int
