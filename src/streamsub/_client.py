@@ -759,9 +759,12 @@ class Client:
         As in Pub/Sub, messages before the point count as acknowledged and those
         at or after it as not acknowledged: every retained message published at
         or after the time (or the message) is delivered again. A snapshot seek
-        goes back to the snapshot's position: the messages pending when it was
-        taken and every message published after it are delivered again, if
-        retention has not removed them; the others count as acknowledged.
+        goes back to the snapshot's position (its last delivered id per
+        partition): the messages pending when it was taken and every message
+        after that position are delivered again — those published after the
+        snapshot and also those published before it that had not yet been
+        delivered to the subscription — if retention has not removed them; the
+        others count as acknowledged.
         """
         self._check_open()
         record = await self._subscription_record(subscription)
