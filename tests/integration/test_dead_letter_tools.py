@@ -159,7 +159,7 @@ async def test_tools_page_through_a_shared_dead_letter_topic(client: streamsub.C
     assert len(await client.list_dead_letters("other", limit=10_000)) == 2500
     assert await client.purge_dead_letters("other") == 2500
     stats = await client.stats("orders")
-    assert {s.subscription: s.dead_letters for s in stats.subscriptions}["billing"] == 0
+    assert {s.subscription: s.dead_letter_topic_length for s in stats.subscriptions}["billing"] == 0
     assert sum(stats.topics[0].lengths) == 2500  # the replayed copies
 
 
