@@ -868,8 +868,14 @@ class Client:
     ) -> int:
         """Publish ``subscription``'s dead letters (all, or ``message_ids``) again to
         their source topic, or to topic ``to``, then delete them from the
-        dead-letter topic; return how many. Published to the source topic, they
-        reach every subscription of it, as a new publish does."""
+        dead-letter topic; return how many this call published. Published to the
+        source topic, they reach every subscription of it, as a new publish does.
+
+        Each page is claimed first (in one atomic step; a claim lasts 60 s by
+        the server's clock) and only what this call won is published, so two
+        replays at once, or a retry, never publish a dead letter twice. After a
+        crash between the claim and the delete, a replay once the claim expired
+        publishes those again: at most one duplicate per crash, no loss."""
         self._check_open()
         topic = await self._dead_letter_topic(subscription)
         if to is not None:

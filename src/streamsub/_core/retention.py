@@ -40,9 +40,10 @@ DEFAULT_RETENTION_INTERVAL = 5.0
 """Seconds between a background trimmer's passes: acknowledged entries beyond
 the policy go within about this long."""
 LOCK_TTL = 30.0
-"""Seconds a trimmer holds a topic's lock at most; a crashed trimmer's lock
-expires after this. Overlapping passes are harmless (each partition's trim is
-one atomic step), the lock only saves the work."""
+"""Seconds a topic's trimmer lock lasts after it was taken or last extended (the
+trimmer extends it after every step, so a long pass keeps it); a crashed
+trimmer's lock expires after this. Overlapping passes are harmless (each
+partition's trim is one atomic step), the lock only saves the work."""
 TRIM_BATCH = 10_000
 """Entries one server-side trim step deletes at most, so that no single step
 blocks Redis for long; a pass repeats the step until a partition is done."""
