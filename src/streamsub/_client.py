@@ -28,7 +28,7 @@ from ._engine.publisher import TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
 from ._engine.stats import collect_stats
-from ._engine.trimmer import Trimmer, enforce_retention, live_snapshots
+from ._engine.trimmer import Trimmer, enforce_retention, is_dead_letter_topic, live_snapshots
 from ._errors import (
     AlreadyExistsError,
     ClosedError,
@@ -736,13 +736,14 @@ class Client:
         self._check_open()
         record = await self._topic_record(topic)
         info = await self._backend.server_info()
-        now = time.time()
+        now = await self._backend.server_time()
         return await enforce_retention(
             self._backend,
             record,
             now=now,
             acked_trim=info.acked_trim,
             snapshots=await live_snapshots(self._backend, now),
+            dead_letters=await is_dead_letter_topic(self._backend, record.name),
         )
 
     async def run_retention(self, *, interval: float = DEFAULT_RETENTION_INTERVAL) -> None:
@@ -762,9 +763,12 @@ class Client:
         As in Pub/Sub, messages before the point count as acknowledged and those
         at or after it as not acknowledged: every retained message published at
         or after the time (or the message) is delivered again. A snapshot seek
-        goes back to the snapshot's position: the messages pending when it was
-        taken and every message published after it are delivered again, if
-        retention has not removed them; the others count as acknowledged.
+        goes back to the snapshot's position (its last delivered id per
+        partition): the messages pending when it was taken and every message
+        after that position are delivered again — those published after the
+        snapshot and also those published before it that had not yet been
+        delivered to the subscription — if retention has not removed them; the
+        others count as acknowledged.
         """
         self._check_open()
         record = await self._subscription_record(subscription)
@@ -782,7 +786,7 @@ class Client:
     async def _snapshot_record(self, name: str) -> SnapshotRecord:
         check_name("snapshot", name)
         snapshot = await self._backend.get_snapshot(name)
-        if snapshot is not None and snapshot.expires <= time.time():
+        if snapshot is not None and snapshot.expires <= await self._backend.server_time():
             await self._backend.delete_snapshot(name)
             snapshot = None
         if snapshot is None:
@@ -804,7 +808,7 @@ class Client:
             raise InvalidArgumentError(f"{name!r} is a seek target, not a snapshot name")
         record = await self._subscription_record(subscription)
         topic = await self._topic_record(record.topic)
-        snapshot = await take_snapshot(self._backend, name, topic, subscription, time.time())
+        snapshot = await take_snapshot(self._backend, name, topic, subscription)
         return _snapshot(snapshot)
 
     async def get_snapshot(self, name: str) -> Snapshot:
@@ -815,7 +819,8 @@ class Client:
     async def list_snapshots(self) -> list[Snapshot]:
         """Every snapshot, sorted by name."""
         self._check_open()
-        return [_snapshot(r) for r in await live_snapshots(self._backend, time.time())]
+        now = await self._backend.server_time()
+        return [_snapshot(r) for r in await live_snapshots(self._backend, now)]
 
     async def delete_snapshot(self, name: str) -> None:
         """Delete snapshot ``name``; raises :class:`NotFoundError` if there is none."""
@@ -867,8 +872,14 @@ class Client:
     ) -> int:
         """Publish ``subscription``'s dead letters (all, or ``message_ids``) again to
         their source topic, or to topic ``to``, then delete them from the
-        dead-letter topic; return how many. Published to the source topic, they
-        reach every subscription of it, as a new publish does."""
+        dead-letter topic; return how many this call published. Published to the
+        source topic, they reach every subscription of it, as a new publish does.
+
+        Each page is claimed first (in one atomic step; a claim lasts 60 s by
+        the server's clock) and only what this call won is published, so two
+        replays at once, or a retry, never publish a dead letter twice. After a
+        crash between the claim and the delete, a replay once the claim expired
+        publishes those again: at most one duplicate per crash, no loss."""
         self._check_open()
         topic = await self._dead_letter_topic(subscription)
         if to is not None:
@@ -903,7 +914,8 @@ class Client:
             subscriptions = await self._backend.list_subscriptions(topic)
         names = {t.name for t in topics}
         subscriptions = [s for s in subscriptions if s.topic in names]
-        return await collect_stats(self._backend, topics, subscriptions, now=time.time())
+        now = await self._backend.server_time()  # ages by the server's clock, as ids are
+        return await collect_stats(self._backend, topics, subscriptions, now=now)
 
 
 class Subscriber:

@@ -130,7 +130,16 @@ MetricsPort = Annotated[
         "--metrics-port",
         min=1,
         max=65535,
-        help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (needs streamsub[metrics]).",
+        help="Serve Prometheus metrics on ADDR:PORT/metrics (needs streamsub[metrics]); "
+        "ADDR is --metrics-addr.",
+    ),
+]
+MetricsAddr = Annotated[
+    str,
+    typer.Option(
+        "--metrics-addr",
+        help="The address --metrics-port binds: 127.0.0.1 (default, this host only), "
+        "0.0.0.0 for every IPv4 interface (e.g. in a container), or one interface's address.",
     ),
 ]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
@@ -151,18 +160,19 @@ DropUnacked = Annotated[
 ]
 
 
-def _serve_metrics(port: int | None) -> None:
+def _serve_metrics(port: int | None, addr: str = "127.0.0.1") -> None:
     if port is None:
         return
     from . import metrics
 
     try:
-        metrics.serve(port)
+        metrics.serve(port, addr)
     except StreamsubError as exc:
         fail(str(exc), exit_code(exc))
     except OSError as exc:
-        fail(f"cannot serve metrics on port {port}: {exc}", EXIT_BAD_INPUT)
-    err.print(f"metrics at http://127.0.0.1:{port}/metrics")
+        fail(f"cannot serve metrics on {addr} port {port}: {exc}", EXIT_BAD_INPUT)
+    host = f"[{addr}]" if ":" in addr else addr
+    err.print(f"metrics at http://{host}:{port}/metrics")
 
 
 # --- errors --------------------------------------------------------------------
@@ -467,10 +477,11 @@ def retention_run(
     ] = 5.0,
     as_json: Json = False,
     metrics_port: MetricsPort = None,
+    metrics_addr: MetricsAddr = "127.0.0.1",
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
     """Run one retention pass over topics now, or keep trimming with --forever."""
-    _serve_metrics(metrics_port)
+    _serve_metrics(metrics_port, metrics_addr)
 
     async def main() -> list[RetentionResult]:
         async with streamsub.connect(url, trim_in_background=False) as client:
@@ -775,7 +786,7 @@ def _stats_tables(stats: Stats) -> Group:
         "oldest unacked",
         "pending per consumer",
         "delivery attempts",
-        "dead letters",
+        "dead-letter topic length",
         title="subscriptions",
     )
     partitions = Table(
@@ -790,7 +801,7 @@ def _stats_tables(stats: Stats) -> Group:
             _age(s.oldest_unacked_age),
             ", ".join(f"{c}={n:,}" for c, n in s.pending_per_consumer.items()) or "-",
             ", ".join(f"{a}x: {n:,}" for a, n in s.delivery_attempts.items()) or "-",
-            "-" if s.dead_letters is None else f"{s.dead_letters:,}",
+            "-" if s.dead_letter_topic_length is None else f"{s.dead_letter_topic_length:,}",
         )
         for p in s.partitions:
             partitions.add_row(
@@ -1216,10 +1227,11 @@ def pull(
     ] = 5.0,
     as_json: Json = False,
     metrics_port: MetricsPort = None,
+    metrics_addr: MetricsAddr = "127.0.0.1",
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
     """Receive up to N messages, print them and acknowledge them."""
-    _serve_metrics(metrics_port)
+    _serve_metrics(metrics_port, metrics_addr)
     received: list[Message] = []
     enough = asyncio.Event()
 

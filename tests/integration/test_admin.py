@@ -12,6 +12,7 @@ import pytest
 import redis
 
 import streamsub
+from streamsub._backends.redis import RedisBackend
 from streamsub.testing import RedisServer, redis_server
 
 STREAMS = [f"ss:{{orders.{n}}}" for n in range(16)]
@@ -422,3 +423,72 @@ async def test_closed_client_raises_closed_error(server: RedisServer) -> None:
         await client.list_topics()
     with pytest.raises(streamsub.ClosedError):
         await client.publish("orders", b"x")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://alice:pa/ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:pa?ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:pa#ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:pa@ss0rd@127.0.0.1:{port}/0",
+        "redis://alice:ss0rd@127.0.0.1:notaport/0",
+        "redis://:ss0rd/x@127.0.0.1:{port}/0?db=0",
+    ],
+    ids=["slash", "question-mark", "hash", "at", "bad-port", "no-user"],
+)
+async def test_url_password_with_url_delimiters_never_leaks(url: str) -> None:
+    """A password holding an unencoded '/', '?', '#' or '@', or a URL with a bad port,
+    shows neither in client.url nor in the error that connect() raises."""
+    url = url.format(port=_free_port())
+    try:
+        client = streamsub.connect(url)
+    except streamsub.StreamsubError as exc:  # refused at once: the message is what leaks
+        text = str(exc)
+    else:
+        assert "ss0rd" not in client.url
+        assert "***" in client.url
+        with pytest.raises(streamsub.StreamsubError) as info:
+            async with client:
+                pass
+        text = str(info.value)
+    assert "ss0rd" not in text
+    assert "***" in text
+
+
+async def test_retention_update_racing_delete_topic_recreates_nothing(
+    client: streamsub.Client, server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Setting a retention policy on a topic deleted meanwhile raises
+    TopicNotFoundError and leaves no half record behind."""
+    await client.create_topic("orders", partitions=4)
+    backend = RedisBackend(server.url)
+    try:
+        record = await backend.get_topic("orders")
+        assert record is not None
+        await backend.delete_topic(record)
+        with pytest.raises(streamsub.TopicNotFoundError):
+            await backend.set_retention(record, streamsub.Retention(max_length=10))
+    finally:
+        await backend.close()
+    assert redis_client.exists("ss:topic:orders") == 0
+    with pytest.raises(streamsub.TopicNotFoundError):
+        await client.update_topic_retention("orders", streamsub.Retention(max_length=10))
+
+
+async def test_a_damaged_record_raises_a_clear_backend_error(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """A topic or subscription record missing fields raises BackendError naming
+    the record, not a bare KeyError."""
+    redis_client.hset("ss:topic:orders", "retention", "")
+    redis_client.sadd("ss:topics", "orders")
+    redis_client.hset("ss:sub:billing", mapping={"name": "billing", "topic": "orders"})
+    redis_client.sadd("ss:subscriptions", "billing")
+    for call in (
+        client.get_topic("orders"),
+        client.list_topics(),
+        client.get_subscription("billing"),
+    ):
+        with pytest.raises(streamsub.BackendError, match="damaged"):
+            await call

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -61,7 +62,11 @@ def test_stats_json_and_table_show_known_traffic(
     assert (topic["topic"], topic["length"], topic["lengths"]) == ("orders", 160, [40] * 4)
     assert topic["publish_rate"] == pytest.approx(16.0)
     billing = next(s for s in report["subscriptions"] if s["subscription"] == "billing")
-    assert (billing["backlog"], billing["pending"], billing["dead_letters"]) == (130, 30, 3)
+    assert (billing["backlog"], billing["pending"], billing["dead_letter_topic_length"]) == (
+        130,
+        30,
+        3,
+    )
     assert billing["pending_per_consumer"] == {"c1": 20, "c2": 10}
     assert billing["delivery_attempts"] == {"1": 27, "2": 3}
     assert [p["pending"] for p in billing["partitions"]] == [10, 10, 5, 5]
@@ -210,10 +215,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _dropped_metric(port: int) -> float | None:
+def _dropped_metric(port: int, host: str = "127.0.0.1") -> float | None:
     """streamsub_dropped_unacked_total{topic="capped"} from the endpoint, None if unreachable."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2) as response:
             text = response.read().decode()
     except OSError:
         return None
@@ -257,3 +262,25 @@ async def test_retention_run_forever_serves_its_metrics(
     assert [int(redis_client.xlen(f"ss:{{capped.{p}}}")) for p in range(2)] == [
         min(n, 4) for n in lengths
     ]
+
+
+def test_metrics_addr_chooses_the_interface_the_endpoint_binds(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """`--metrics-addr 127.0.0.2` serves the metrics there, not on 127.0.0.1."""
+    redis_client.flushall()
+    port = _free_port()
+    command = ["retention", "run", "--forever", "--interval", "0.1"]
+    process = _background(
+        *command, "--metrics-port", str(port), "--metrics-addr", "127.0.0.2", "--url", server.url
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while _dropped_metric(port, "127.0.0.2") is None:
+            assert process.poll() is None, "retention run --forever ended early"
+            assert time.monotonic() < deadline, "the endpoint never answered on 127.0.0.2"
+            time.sleep(0.05)
+        assert _dropped_metric(port, "127.0.0.1") is None
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=10)

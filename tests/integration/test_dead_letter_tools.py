@@ -159,5 +159,68 @@ async def test_tools_page_through_a_shared_dead_letter_topic(client: streamsub.C
     assert len(await client.list_dead_letters("other", limit=10_000)) == 2500
     assert await client.purge_dead_letters("other") == 2500
     stats = await client.stats("orders")
-    assert {s.subscription: s.dead_letters for s in stats.subscriptions}["billing"] == 0
+    assert {s.subscription: s.dead_letter_topic_length for s in stats.subscriptions}["billing"] == 0
     assert sum(stats.topics[0].lengths) == 2500  # the replayed copies
+
+
+def _orders_length(redis_client: redis.Redis) -> int:
+    return sum(int(redis_client.xlen(f"ss:{{orders.{p}}}")) for p in range(PARTITIONS))
+
+
+async def test_concurrent_replays_publish_each_dead_letter_once(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """Two replays of the same dead letters at once publish each exactly once,
+    and their counts add up to what was published."""
+    import asyncio
+
+    await _dead_letter(client, 300)
+    before = _orders_length(redis_client)
+    counts = await asyncio.gather(
+        client.replay_dead_letters("billing"), client.replay_dead_letters("billing")
+    )
+    assert sum(counts) == 300
+    assert _orders_length(redis_client) == before + 300
+    assert await client.list_dead_letters("billing") == []
+    assert redis_client.exists("ss:{dead.0}:claims", "ss:{dead.1}:claims") == 0
+
+
+async def test_a_replay_retried_after_a_crash_publishes_again_only_after_the_claim_expired(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """Dead letters claimed by a replay that crashed before publishing are skipped
+    by a retry while the claim lasts, and published once after it expired."""
+    from streamsub._backends.redis import RedisBackend
+    from streamsub._core.seek import split_message_id
+
+    await _dead_letter(client, 100)
+    letters = await client.list_dead_letters("billing", limit=1000)
+    crashed = letters[:40]
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.get_topic("dead")
+        assert topic is not None
+        ids: dict[int, list[str]] = {}
+        for letter in crashed:
+            partition, entry_id = split_message_id(letter.message_id)
+            ids.setdefault(partition, []).append(entry_id)
+        won = await backend.claim_entries(topic, ids, 0.5)  # then "crashes"
+        assert sum(len(v) for v in won.values()) == 40
+    finally:
+        await backend.close()
+    before = _orders_length(redis_client)
+    assert await client.replay_dead_letters("billing") == 60
+    assert _orders_length(redis_client) == before + 60
+    assert [d.message_id for d in await client.list_dead_letters("billing")] == [
+        d.message_id for d in crashed
+    ]
+    seconds, micros = redis_client.time()
+    expired_at = int(seconds) * 1000 + int(micros) // 1000 + 500
+
+    def claims_expired() -> bool:
+        now_s, now_us = redis_client.time()
+        return int(now_s) * 1000 + int(now_us) // 1000 > expired_at
+
+    await until(claims_expired, 5, "the crashed replay's claims to expire")
+    assert await client.replay_dead_letters("billing") == 40
+    assert _orders_length(redis_client) == before + 100

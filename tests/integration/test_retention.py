@@ -11,7 +11,6 @@ import redis
 
 import streamsub
 from streamsub._backends.redis import RedisBackend
-from streamsub._core.streamid import id_ms
 from streamsub._engine.trimmer import Trimmer, enforce_retention
 from streamsub.testing import RedisServer, redis_server
 from tests._wait import until
@@ -149,20 +148,31 @@ async def test_drop_unacked_counts_exactly_what_it_dropped(
     assert (again.trimmed, again.dropped_unacked) == (0, 0)
 
 
-async def test_max_age_trims_by_the_injected_clock(
+def _fill_old(redis_client: redis.Redis, topic: str, per_partition: int, age: float) -> set[str]:
+    """Add ``per_partition`` entries to each partition with ids ``age`` seconds
+    old by the server's clock (as a producer that chooses its ids may)."""
+    seconds, micros = redis_client.time()
+    ms = int(seconds) * 1000 + int(micros) // 1000 - int(age * 1000)
+    added = set()
+    for p in range(PARTITIONS):
+        for seq in range(per_partition):
+            entry_id = f"{ms}-{seq}"
+            redis_client.xadd(_stream(topic, p), {"d": "old"}, id=entry_id)
+            added.add(f"{p}-{entry_id}")
+    return added
+
+
+async def test_max_age_trims_by_the_server_clock(
     client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
 ) -> None:
-    """max_age deletes exactly the acknowledged entries older than now - max_age, with
-    now from the caller's clock."""
+    """max_age deletes exactly the acknowledged entries older than the server's
+    time minus max_age."""
     await client.create_topic(
         "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=3600)
     )
     await client.create_subscription("reader", topic="events", start="earliest")
-    old = await _fill(client, "events", 300)
-    last_old_ms = max(id_ms(i.split("-", 1)[1]) for i in old)
-    await until(lambda: time.time() * 1000 > last_old_ms + 1, 5, "the clock to move on")
+    old = _fill_old(redis_client, "events", 300, 7200)
     new = await _fill(client, "events", 200)
-    first_new_ms = min(id_ms(i.split("-", 1)[1]) for i in new)
     for p, ids in _read(redis_client, "events", "reader", 10_000).items():
         redis_client.xack(_stream("events", p), "reader", *ids)
 
@@ -170,8 +180,7 @@ async def test_max_age_trims_by_the_injected_clock(
     try:
         topic = await backend.get_topic("events")
         assert topic is not None
-        # An hour after the first new message: everything before it is too old.
-        result = await enforce_retention(backend, topic, now=first_new_ms / 1000 + 3600)
+        result = await enforce_retention(backend, topic, now=time.time())
     finally:
         await backend.close()
 
@@ -190,17 +199,17 @@ async def test_max_age_stops_at_the_first_pending_entry(
 ) -> None:
     """An entry older than max_age but still pending is kept, with all after it."""
     await client.create_topic(
-        "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=1)
+        "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=3600)
     )
     await client.create_subscription("reader", topic="events", start="earliest")
-    await _fill(client, "events", 500)
+    _fill_old(redis_client, "events", 500, 7200)
     for p, ids in _read(redis_client, "events", "reader", 10_000).items():
         redis_client.xack(_stream("events", p), "reader", *ids[:100], *ids[101:])
     backend = RedisBackend(server.url)
     try:
         topic = await backend.get_topic("events")
         assert topic is not None
-        result = await enforce_retention(backend, topic, now=time.time() + 3600)
+        result = await enforce_retention(backend, topic, now=time.time())
     finally:
         await backend.close()
     assert [t.trimmed for t in result.partitions] == [100] * PARTITIONS
@@ -315,31 +324,28 @@ async def test_retention_of_a_dead_letter_topic_is_enforced_for_its_subscribers(
         assert 0 < sum(int(redis_client.xlen(key)) for key in dead) <= 10
 
 
-async def test_trimmer_pass_uses_its_clock_and_watches_subscriptions(
+async def test_trimmer_pass_watches_subscriptions(
     client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
 ) -> None:
-    """A trimmer pass ages entries by its injected clock, covers the topics of the
+    """A trimmer pass ages entries by the server's clock, covers the topics of the
     subscriptions it watches, and releases the topic's lock afterwards."""
     await client.create_topic(
         "events", partitions=PARTITIONS, retention=streamsub.Retention(max_age=60)
     )
     await client.create_subscription("reader", topic="events", start="earliest")
+    _fill_old(redis_client, "events", 100, 120)
     await _fill(client, "events", 100)
     for p, ids in _read(redis_client, "events", "reader", 10_000).items():
         redis_client.xack(_stream("events", p), "reader", *ids)
-    now = time.time()
     backend = RedisBackend(server.url)
     try:
-        clock = [now]
-        trimmer = Trimmer(backend, interval=60, clock=lambda: clock[0])
+        trimmer = Trimmer(backend, interval=60)
         trimmer._subscriptions.add("reader")  # what watch_subscription records
-        assert (await trimmer.run_once())["events"].trimmed == 0  # nothing is old yet
-        clock[0] = now + 61
         results = await trimmer.run_once()
     finally:
         await backend.close()
     assert results["events"].trimmed == 100 * PARTITIONS
-    assert _lengths(redis_client, "events") == [0] * PARTITIONS
+    assert _lengths(redis_client, "events") == [100] * PARTITIONS
     assert redis_client.exists("ss:lock:retention:events") == 0
 
 

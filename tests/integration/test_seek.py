@@ -11,8 +11,6 @@ import pytest
 import redis
 
 import streamsub
-from streamsub._backends.redis import RedisBackend
-from streamsub._engine.seek import take_snapshot
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -257,13 +255,14 @@ async def test_a_live_snapshot_holds_back_retention_and_an_expired_one_does_not(
     await client.seek("billing", to="keep")
     assert await _receive(client, len(pending_then) + len(later)) == set(pending_then) | set(later)
 
-    backend = RedisBackend(server.url)
-    try:
-        topic = await backend.get_topic("orders")
-        assert topic is not None
-        await take_snapshot(backend, "old", topic, "billing", now=time.time() - 8 * 86_400)
-    finally:
-        await backend.close()
+    await client.create_snapshot("old", "billing")
+    # Seven days later by the server's clock: the record and its holds expired.
+    past = time.time() - 86_400
+    redis_client.hset("ss:snapshot:old", "expires", repr(past))
+    for p in range(PARTITIONS):
+        holds = f"{_stream('orders', p)}:holds"
+        needs = redis_client.hget(holds, "old").split()[0].decode()  # type: ignore[union-attr]
+        redis_client.hset(holds, "old", f"{needs} {int(past * 1000)}")
     await client.delete_snapshot("keep")
     assert [s.name for s in await client.list_snapshots()] == []
     assert redis_client.exists("ss:snapshot:old") == 0
@@ -300,3 +299,48 @@ async def test_a_seek_while_messages_are_held_frees_their_flow_control_budget(
     flow = sub.statistics().flow
     assert flow.running_messages == 0
     assert flow.outstanding_bytes == 0
+
+
+async def test_a_seek_settles_many_pending_in_bounded_steps_and_spares_later_deliveries(
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
+) -> None:
+    """A seek to "latest" over 3,000 pending per partition acknowledges them in
+    steps of at most SEEK_STEP entries; messages delivered between two steps
+    (after the position was set) stay pending."""
+    from streamsub._backends.redis import RedisBackend
+    from streamsub._engine.seek import seek
+
+    await client.create_topic("orders", partitions=PARTITIONS)
+    await client.create_subscription("billing", topic="orders", start="earliest")
+    await _publish(client, 3000, "old")
+    for p in range(PARTITIONS):
+        redis_client.xreadgroup("billing", "c", {_stream("orders", p): ">"}, count=10_000)
+    backend = RedisBackend(server.url)
+    backend.SEEK_STEP = 1000  # type: ignore[misc]
+    real = backend._evalsha
+    steps: list[str] = []
+    late: dict[int, list[bytes]] = {}
+
+    async def observed(script, keys, args):  # type: ignore[no-untyped-def]
+        reply = await real(script, keys, args)
+        if script is backend._seek:
+            steps.append(args[1])
+            if args[1] == "set":  # a subscriber reads new messages between two steps
+                partition = int(keys[0].split(".")[-1].rstrip("}"))
+                entry = redis_client.xadd(_stream("orders", partition), {"d": "late"})
+                redis_client.xreadgroup("billing", "c", {_stream("orders", partition): ">"})
+                late[partition] = [entry]
+        return reply
+
+    backend._evalsha = observed  # type: ignore[method-assign]
+    try:
+        topic = await backend.get_topic("orders")
+        assert topic is not None
+        result = await seek(backend, topic, "billing", "latest")
+    finally:
+        await backend.close()
+    assert result.acknowledged == PARTITIONS * 3000
+    assert steps.count("ack") >= PARTITIONS * 3
+    for p in range(PARTITIONS):
+        pending = redis_client.xpending_range(_stream("orders", p), "billing", "-", "+", 100)
+        assert [e["message_id"] for e in pending] == late[p]

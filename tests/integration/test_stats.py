@@ -90,13 +90,13 @@ async def test_stats_report_known_traffic(
     ]
     assert billing.pending_per_consumer == {"c1": 20, "c2": 10}
     assert billing.delivery_attempts == {1: 27, 2: 3}
-    assert billing.dead_letters == 3
+    assert billing.dead_letter_topic_length == 3
     oldest_ms = min(int(i.split("-")[1]) for i in ids)
     assert billing.oldest_unacked_age is not None
     assert billing.oldest_unacked_age == pytest.approx(time.time() - oldest_ms / 1000, abs=1.0)
     assert billing.oldest_unacked_age <= time.time() - started + 1
 
-    assert (audit.backlog, audit.pending, audit.dead_letters) == (160, 0, None)
+    assert (audit.backlog, audit.pending, audit.dead_letter_topic_length) == (160, 0, None)
     assert audit.pending_per_consumer == {}
     assert audit.delivery_attempts == {}
 
@@ -117,3 +117,56 @@ async def test_stats_count_retention_losses(
     assert orders.dropped_unacked == 100
     assert orders.lengths == (15, 15, 15, 15)
     assert [t.topic for t in stats.topics] == ["dead", "orders"]
+
+
+async def test_stats_read_a_bounded_sample_and_age_by_the_server_clock(
+    client: streamsub.Client,
+    redis_client: redis.Redis,
+    server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a busy topic the publish rate reads at most the newest 1,000 entries per
+    partition (over the time they span); a backlog with no lag from the server
+    is the stream's length when nothing was delivered; ages follow the server's
+    clock even when the client's runs an hour ahead."""
+    from streamsub._backends.redis import RedisBackend
+    from streamsub._core.stats import ATTEMPT_SAMPLE, BACKLOG_CAP, RATE_SAMPLE, RATE_WINDOW
+
+    await client.create_topic("busy", partitions=PARTITIONS)
+    await client.create_subscription("reader", topic="busy", start="earliest")
+    total = PARTITIONS * 2500
+    for start in range(0, total, 5000):
+        await client.publish_many("busy", [f"m{i}".encode() for i in range(start, start + 5000)])
+    for p in range(PARTITIONS):  # a deletion makes Redis 7 report no lag
+        first = redis_client.xrange(_stream("busy", p), count=1)[0][0]
+        redis_client.xdel(_stream("busy", p), first)
+    backend = RedisBackend(server.url)
+    try:
+        topic = await backend.get_topic("busy")
+        assert topic is not None
+        counts = await backend.partition_counts(
+            topic,
+            window=RATE_WINDOW,
+            rate_sample=RATE_SAMPLE,
+            sample=ATTEMPT_SAMPLE,
+            backlog_cap=BACKLOG_CAP,
+        )
+    finally:
+        await backend.close()
+    assert all(c.recent == RATE_SAMPLE and 0 < c.recent_span < RATE_WINDOW for c in counts)
+    assert [c.groups[0].backlog for c in counts] == [c.length for c in counts]
+
+    import streamsub._client as client_module
+
+    class Ahead:
+        @staticmethod
+        def time() -> float:
+            return time.time() + 3600
+
+    monkeypatch.setattr(client_module, "time", Ahead)
+    stats = await client.stats("busy")
+    reader = stats.subscriptions[0]
+    assert reader.backlog == total - PARTITIONS
+    assert reader.oldest_unacked_age is not None
+    assert reader.oldest_unacked_age < 600
+    assert stats.topics[0].publish_rate > 0

@@ -12,13 +12,11 @@ from streamsub._core.retention import (
     GroupPosition,
     PartitionTrim,
     RetentionResult,
-    age_cutoff,
     safe_point,
 )
 from streamsub._core.streamid import (
     MAX_SEQ,
     compare_ids,
-    id_at,
     parse_id,
     predecessor,
     successor,
@@ -94,14 +92,6 @@ def test_successor_and_predecessor_are_neighbours() -> None:
     assert predecessor(successor("1700000000000-7")) == "1700000000000-7"
 
 
-def test_age_cutoff_follows_the_clock() -> None:
-    """The age cutoff is the id of (now - max_age) in milliseconds, never negative."""
-    assert age_cutoff(1000.0, 60.0) == "940000-0"
-    assert age_cutoff(1000.0005, 0.5) == "999500-0"
-    assert age_cutoff(10.0, 60.0) == "0-0"
-    assert id_at(1.25) == "1250-0"
-
-
 def test_safe_point_is_the_lowest_need_over_groups() -> None:
     """The safe point is the lowest first-pending id, or the id after a group's last
     delivered one when it has nothing pending; no group means no bound."""
@@ -131,3 +121,16 @@ def test_floor_is_what_recorded_positions_still_need() -> None:
     assert floor_of([("50-0", ())]) == "50-1"
     assert floor_of([("50-0", ("30-0", "12-4")), ("60-0", ())]) == "12-4"
     assert floor_of([("50-0", ()), ("20-9", ())]) == "20-10"
+
+
+def test_a_group_sought_back_needs_from_below_its_pending() -> None:
+    """After a seek backwards a group reads again from the id after its last
+    delivered one, which may lie below its first pending id: it needs the lower."""
+    sought_back = GroupPosition(last_delivered_id="0-0", first_pending_id="50-0")
+    assert sought_back.needs_from == "0-1"
+    assert safe_point([sought_back]) == "0-1"
+    at_max_seq = GroupPosition(last_delivered_id="7-18446744073709551615", first_pending_id=None)
+    assert at_max_seq.needs_from == "8-0"
+    from streamsub._core.retention import floor_of
+
+    assert floor_of([("10-0", ("30-0",))]) == "10-1"

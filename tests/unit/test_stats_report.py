@@ -88,7 +88,9 @@ def test_subscription_report_sums_one_group() -> None:
     """A subscription's backlog, pending, consumers and attempts are summed over its
     partitions; its oldest unacknowledged age is the oldest of first pending and
     first undelivered, as of now."""
-    report = subscription_report("billing", "orders", COUNTS, now=1010.0, dead_letters=4)
+    report = subscription_report(
+        "billing", "orders", COUNTS, now=1010.0, dead_letter_topic_length=4
+    )
     assert (report.backlog, report.pending) == (10, 4)
     assert [(p.partition, p.backlog, p.pending) for p in report.partitions] == [
         (0, 10, 3),
@@ -98,12 +100,14 @@ def test_subscription_report_sums_one_group() -> None:
     assert report.oldest_unacked_age == 10.0
     assert report.pending_per_consumer == {"a": 3, "b": 1}
     assert report.delivery_attempts == {1: 2, 2: 1, 4: 1}
-    assert report.dead_letters == 4
+    assert report.dead_letter_topic_length == report.dead_letters == 4
 
 
 def test_a_caught_up_subscription_has_no_oldest_age() -> None:
     """With nothing pending or undelivered, the oldest unacknowledged age is None."""
     counts = [PartitionCounts(0, 10, 1, 0, [_group("billing", last_delivered_id="5-0")])]
-    report = subscription_report("billing", "orders", counts, now=10.0, dead_letters=None)
+    report = subscription_report(
+        "billing", "orders", counts, now=10.0, dead_letter_topic_length=None
+    )
     assert (report.backlog, report.pending, report.oldest_unacked_age) == (0, 0, None)
-    assert report.dead_letters is None
+    assert report.dead_letter_topic_length is None

@@ -294,6 +294,11 @@ class Backend(Protocol):
         """The server's version and memory policy."""
         ...
 
+    async def server_time(self) -> float:
+        """The server's clock, seconds since the epoch (``TIME``): what retention,
+        snapshot expiry and statistics judge ages by, whatever the client's clock."""
+        ...
+
     async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
         """Store ``retention`` as the topic's policy (None: keep everything)."""
 
@@ -302,21 +307,25 @@ class Backend(Protocol):
         topic: TopicRecord,
         partition: int,
         *,
-        cutoff: str | None,
+        max_age: float | None,
         max_length: int | None,
         drop_unacked: bool,
         batch: int,
         acked_trim: bool,
         floor: str | None = None,
+        dead_letters: bool = False,
     ) -> tuple[int, int, bool]:
-        """Delete up to ``batch`` of the partition's oldest entries that are below
-        ``cutoff`` (an id) or beyond ``max_length``, and, unless ``drop_unacked``,
-        below the partition's safe point, read in the same atomic step, and below
-        ``floor`` (what snapshots still need; None: nothing). Return
+        """Delete up to ``batch`` of the partition's oldest entries that are older
+        than ``max_age`` seconds by the server's clock or beyond ``max_length``,
+        and, unless ``drop_unacked``, below the partition's safe point and the
+        live snapshot holds, both read in the same atomic step, and below
+        ``floor`` (what snapshot records still need; None: nothing). Return
         (deleted, of them unacknowledged, more remain). With ``drop_unacked`` the
         unacknowledged ones are added to the partition's dropped counter and
-        leave the pending lists. ``acked_trim`` lets a server that has
-        ``XTRIM … ACKED`` decide what is acknowledged itself."""
+        leave the pending lists; with ``dead_letters`` (a dead-letter topic)
+        entries deleted while no group reads the topic are counted there too.
+        ``acked_trim`` lets a server that has ``XTRIM … ACKED`` decide what is
+        acknowledged itself."""
         ...
 
     async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
@@ -325,6 +334,11 @@ class Backend(Protocol):
 
     async def try_lock(self, name: str, token: str, ttl: float) -> bool:
         """Take the lock ``name`` for ``ttl`` seconds unless someone holds it."""
+        ...
+
+    async def extend_lock(self, name: str, token: str, ttl: float) -> bool:
+        """Give the lock ``name`` ``ttl`` more seconds if ``token`` still holds it;
+        False when it does not (the lock expired or another holder took it)."""
         ...
 
     async def unlock(self, name: str, token: str) -> None:
@@ -340,12 +354,22 @@ class Backend(Protocol):
         Return (acknowledged, made pending again)."""
         ...
 
-    async def group_positions(
-        self, topic: TopicRecord, group: str, max_pending: int
-    ) -> dict[int, PartitionPosition]:
-        """Per partition, the group's last-delivered id and up to ``max_pending`` + 1
-        pending ids."""
+    async def hold_positions(
+        self, topic: TopicRecord, group: str, name: str, lifetime: float, max_pending: int
+    ) -> tuple[dict[int, PartitionPosition], float, float]:
+        """Read ``group``'s last delivered id and pending ids on every partition
+        and, in the same atomic step per partition, hold back retention there
+        for snapshot ``name`` for ``lifetime`` seconds of the server's clock.
+        Return the positions, and when (server time) the hold began and ends.
+        Raises AlreadyExistsError (a live snapshot of that name),
+        FailedPreconditionError (more than ``max_pending`` pending on a
+        partition) or SubscriptionNotFoundError, and then holds nothing."""
         ...
+
+    async def release_holds(
+        self, topic: TopicRecord, name: str, partitions: Sequence[int] | None = None
+    ) -> None:
+        """Drop snapshot ``name``'s retention holds (on ``partitions``, or all)."""
 
     async def create_snapshot(self, record: SnapshotRecord) -> bool:
         """Store ``record`` unless a snapshot of that name exists; return whether stored."""
@@ -376,18 +400,29 @@ class Backend(Protocol):
         return how many existed."""
         ...
 
+    async def claim_entries(
+        self, topic: TopicRecord, ids: Mapping[int, Sequence[str]], ttl: float
+    ) -> dict[int, list[str]]:
+        """Per partition, claim ``ids`` for ``ttl`` seconds (server clock) in one
+        atomic step and return those won: entries that exist and that nobody
+        holds a live claim on. Deleting an entry ends its claim."""
+        ...
+
     # --- operations: statistics --------------------------------------------------
     async def partition_counts(
         self,
         topic: TopicRecord,
         *,
-        window_start: str,
-        window_cap: int,
+        window: float,
+        rate_sample: int,
         sample: int,
         backlog_cap: int,
     ) -> list[PartitionCounts]:
-        """Every partition's length, memory, entries since ``window_start`` (at most
-        ``window_cap``) and, per group, its pending and backlog counts, first
-        unacknowledged ids, pending per consumer and the delivery counts of up to
-        ``sample`` oldest pending entries."""
+        """Every partition's length, memory, the entries of the last ``window``
+        seconds by the server's clock (at most the newest ``rate_sample``, and
+        the time they span) and, per group, its pending and backlog (counted up
+        to ``backlog_cap`` when the server has no lag) counts, first
+        unacknowledged ids, pending per consumer and the delivery counts of up
+        to ``sample`` oldest pending entries. Bounded work per partition,
+        whatever its length."""
         ...

@@ -2,12 +2,13 @@
 
 A topic's :class:`Retention` bounds its streams by age and by length. A trim
 never passes a partition's *safe point* — the lowest, over every subscription
-(consumer group), of its first pending entry, or of the entry after its last
-delivered one when nothing is pending — unless the policy says
+(consumer group), of its first pending entry and of the entry after its last
+delivered one — unless the policy says
 ``drop_unacked=True``; then what it drops unacknowledged is counted.
 
 The functions here are the policy's arithmetic on plain values (stream entry
-ids as ``"<ms>-<seq>"`` text, times as seconds): no I/O, an explicit ``now``.
+ids as ``"<ms>-<seq>"`` text): no I/O. Ages are judged in the trim step by the
+server's clock, never the client's.
 The backend applies the bound atomically per partition (the safe point is
 read in the same server-side step that trims, so a subscription cannot fall
 behind it in between).
@@ -20,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from .._errors import InvalidArgumentError, InvalidTypeError
-from .streamid import id_at, min_id, successor
+from .streamid import min_id, successor
 
 __all__ = [
     "DEFAULT_RETENTION_INTERVAL",
@@ -31,7 +32,6 @@ __all__ = [
     "PartitionTrim",
     "Retention",
     "RetentionResult",
-    "age_cutoff",
     "floor_of",
     "safe_point",
 ]
@@ -40,9 +40,10 @@ DEFAULT_RETENTION_INTERVAL = 5.0
 """Seconds between a background trimmer's passes: acknowledged entries beyond
 the policy go within about this long."""
 LOCK_TTL = 30.0
-"""Seconds a trimmer holds a topic's lock at most; a crashed trimmer's lock
-expires after this. Overlapping passes are harmless (each partition's trim is
-one atomic step), the lock only saves the work."""
+"""Seconds a topic's trimmer lock lasts after it was taken or last extended (the
+trimmer extends it after every step, so a long pass keeps it); a crashed
+trimmer's lock expires after this. Overlapping passes are harmless (each
+partition's trim is one atomic step), the lock only saves the work."""
 TRIM_BATCH = 10_000
 """Entries one server-side trim step deletes at most, so that no single step
 blocks Redis for long; a pass repeats the step until a partition is done."""
@@ -113,12 +114,6 @@ class Retention:
         )
 
 
-def age_cutoff(now: float, max_age: float) -> str:
-    """The smallest id an entry may have and still be kept by ``max_age`` at ``now``
-    (seconds since the epoch): stream ids start with their millisecond time."""
-    return id_at(now - max_age)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class GroupPosition:
     """Where one subscription stands on one partition."""
@@ -129,10 +124,13 @@ class GroupPosition:
 
     @property
     def needs_from(self) -> str:
-        """The smallest id this subscription may still need."""
-        if self.first_pending_id is not None:
-            return self.first_pending_id
-        return successor(self.last_delivered_id)
+        """The smallest id this subscription may still need: the lower of its first
+        pending id and the id after its last delivered one (after a seek
+        backwards the group reads again from below what it has pending)."""
+        after = successor(self.last_delivered_id)
+        if self.first_pending_id is None:
+            return after
+        return min_id([self.first_pending_id, after])
 
 
 def floor_of(positions: Iterable[tuple[str, Sequence[str]]]) -> str | None:

@@ -4,11 +4,13 @@ The backend reads each partition in one step (``PartitionCounts``); the
 functions here sum them into a :class:`TopicReport` per topic and a
 :class:`SubscriptionReport` per subscription, given ``now``. No I/O.
 
-Bounds (each documented where it applies): the publish rate counts at most
-``RATE_CAP`` entries per partition in the last ``RATE_WINDOW`` seconds; the
-delivery-attempt distribution samples the ``ATTEMPT_SAMPLE`` oldest pending
-entries per partition; a backlog the server cannot report (Redis 6.2, or after
-a seek or deletions) is counted up to ``BACKLOG_CAP`` per partition.
+Bounds (each documented where it applies): the publish rate reads at most the
+newest ``RATE_SAMPLE`` entries per partition of the last ``RATE_WINDOW``
+seconds (by the server's clock); the delivery-attempt distribution samples the
+``ATTEMPT_SAMPLE`` oldest pending entries per partition; a backlog the server
+cannot report (Redis 6.2, or after a seek or deletions) is the stream's length
+when nothing left in it was delivered, else counted up to ``BACKLOG_CAP`` per
+partition.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .streamid import id_ms
 __all__ = [
     "ATTEMPT_SAMPLE",
     "BACKLOG_CAP",
-    "RATE_CAP",
+    "RATE_SAMPLE",
     "RATE_WINDOW",
     "GroupCounts",
     "PartitionCounts",
@@ -38,12 +40,15 @@ __all__ = [
 
 RATE_WINDOW = 10.0
 """Seconds of entry ids the publish rate is measured over."""
-RATE_CAP = 100_000
-"""Entries per partition counted for the rate at most (10,000 messages/s per partition)."""
+RATE_SAMPLE = 1000
+"""The newest entries per partition read for the rate at most: up to 100
+messages/s per partition the rate is exact; above, it is those entries' count
+over the time they span (their ids), so ``stats()`` stays cheap on busy topics."""
 ATTEMPT_SAMPLE = 1000
 """Oldest pending entries per partition whose delivery counts are sampled."""
-BACKLOG_CAP = 100_000
-"""Undelivered entries per partition counted at most when the server has no lag."""
+BACKLOG_CAP = 1000
+"""Undelivered entries per partition counted at most when the server has no lag
+and some of the stream was delivered (then the backlog reported is a floor)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,7 +73,13 @@ class PartitionCounts:
     length: int
     memory: int | None
     recent: int
+    """Entries counted for the publish rate."""
     groups: Sequence[GroupCounts]
+    recent_span: float = 10.0
+    """Seconds those entries span: ``RATE_WINDOW``, or less when the window held
+    more than ``RATE_SAMPLE`` and only the newest were read."""
+    server_time: float | None = None
+    """The server's clock when the partition was read (seconds), if known."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,7 +95,8 @@ class TopicReport:
     memory_bytes: int | None
     """What the partitions' streams take in Redis (``MEMORY USAGE``), when known."""
     publish_rate: float
-    """Messages per second over the last ``RATE_WINDOW`` (10) seconds, by entry ids."""
+    """Messages per second over the last ``RATE_WINDOW`` (10) seconds, by entry ids
+    (above 100/s per partition, over the time its newest 1,000 entries span)."""
     dropped_unacked: int
     """Unacknowledged messages that retention dropped (``drop_unacked=True``), ever."""
     retention: Retention | None
@@ -120,9 +132,17 @@ class SubscriptionReport:
     delivery_attempts: Mapping[int, int]
     """Delivery count -> pending messages with it, over a sample of the
     ``ATTEMPT_SAMPLE`` (1000) oldest pending entries per partition."""
-    dead_letters: int | None
-    """Entries in the dead-letter topic (shared with any other subscription that
-    uses it), or None without one."""
+    dead_letter_topic_length: int | None
+    """Entries in the subscription's dead-letter topic, or None without one. It
+    is the topic's length: it includes the dead letters of any other
+    subscription that uses the same dead-letter topic (``list_dead_letters``
+    reads this subscription's own)."""
+
+    @property
+    def dead_letters(self) -> int | None:
+        """Deprecated name of :attr:`dead_letter_topic_length` (it always was the
+        topic's length, not this subscription's dead letters); removed in 0.3."""
+        return self.dead_letter_topic_length
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,7 +169,7 @@ def topic_report(
         length=sum(c.length for c in counts),
         lengths=tuple(c.length for c in counts),
         memory_bytes=None if None in memory else sum(m for m in memory if m is not None),
-        publish_rate=sum(c.recent for c in counts) / RATE_WINDOW,
+        publish_rate=sum(c.recent / (c.recent_span or RATE_WINDOW) for c in counts),
         dropped_unacked=dropped_unacked,
         retention=retention,
     )
@@ -161,7 +181,7 @@ def subscription_report(
     counts: Sequence[PartitionCounts],
     *,
     now: float,
-    dead_letters: int | None,
+    dead_letter_topic_length: int | None,
 ) -> SubscriptionReport:
     """Sum one subscription over its topic's partitions, ages as of ``now`` (seconds)."""
     partitions: list[PartitionReport] = []
@@ -188,5 +208,5 @@ def subscription_report(
         partitions=tuple(partitions),
         pending_per_consumer=dict(sorted(consumers.items())),
         delivery_attempts=dict(sorted(attempts.items())),
-        dead_letters=dead_letters,
+        dead_letter_topic_length=dead_letter_topic_length,
     )

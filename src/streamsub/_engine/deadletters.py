@@ -3,8 +3,9 @@
 A subscription's dead letters are the entries of its dead-letter topic whose
 ``streamsub.source_subscription`` attribute names it (several subscriptions
 may share one dead-letter topic). Listing reads entries without delivering
-them; replay publishes copies (original data, ordering key and attributes) to
-the source topic or another, then deletes the dead letters; purge deletes
+them; replay claims them (so concurrent replays never publish one twice),
+publishes copies (original data, ordering key and attributes) to the source
+topic or another, then deletes the dead letters; purge deletes
 them. Deleting acknowledges them in every subscription of the dead-letter
 topic first, so none is left holding an id that is gone.
 """
@@ -26,6 +27,7 @@ from .._message import OutgoingMessage
 
 __all__ = [
     "MAX_DEAD_LETTER_SCAN",
+    "REPLAY_CLAIM_TTL",
     "DeadLetter",
     "find_dead_letters",
     "original_message",
@@ -34,6 +36,10 @@ __all__ = [
     "scan_dead_letters",
 ]
 
+REPLAY_CLAIM_TTL = 60.0
+"""Seconds a replay's claim on a dead letter lasts (server clock): long enough to
+publish a page and delete it; after a crash the dead letter can be replayed
+again once it has passed."""
 MAX_DEAD_LETTER_SCAN = 1_000_000
 """Entries of a dead-letter topic one call reads at most, per partition."""
 log = logging.getLogger("streamsub")
@@ -166,23 +172,36 @@ async def replay(
     *,
     to: str | None,
     message_ids: Collection[str] | None,
+    claim_ttl: float = REPLAY_CLAIM_TTL,
 ) -> int:
     """Publish each dead letter's original message to ``to`` (None: its source
-    topic), then delete it, a page at a time; return how many were replayed. A
-    crash between the two leaves a copy in both places: duplicated, never lost."""
+    topic), then delete it, a page at a time; return how many this call
+    replayed.
+
+    Each page is first claimed in one atomic step per partition (a claim
+    expires after ``claim_ttl`` seconds of the server's clock) and only the
+    dead letters won are published: replays running at once, or a retry, never
+    publish one twice. A crash after the claim and before the delete leaves the
+    dead letter claimed; once the claim expires a later replay publishes it
+    again, so a message is published at most once more per crash — duplicated,
+    never lost.
+    """
     replayed = 0
     async for page in scan_dead_letters(
         backend, dead_letter_topic, subscription, message_ids=message_ids
     ):
+        page = [letter for letter in page if (to or letter.source_topic) is not None]
+        won = await backend.claim_entries(dead_letter_topic, _ids(page), claim_ttl)
+        ours = {f"{p}-{entry_id}" for p, entry_ids in won.items() for entry_id in entry_ids}
         by_topic: dict[str, list[DeadLetter]] = {}
         for letter in page:
             target = to or letter.source_topic
-            if target is not None:
+            if target is not None and letter.message_id in ours:
                 by_topic.setdefault(target, []).append(letter)
         for target, batch in by_topic.items():
             await publish(target, [original_message(letter) for letter in batch])
-            await _delete(backend, dead_letter_topic, batch)
             replayed += len(batch)
+            await _delete(backend, dead_letter_topic, batch)
             log.info(
                 "streamsub: replayed %d dead letters from %r to %r",
                 len(batch),
@@ -211,11 +230,15 @@ async def purge(
     return deleted
 
 
-async def _delete(
-    backend: Backend, dead_letter_topic: TopicRecord, letters: Sequence[DeadLetter]
-) -> int:
+def _ids(letters: Sequence[DeadLetter]) -> dict[int, list[str]]:
     ids: dict[int, list[str]] = {}
     for letter in letters:
         partition, entry_id = split_message_id(letter.message_id)
         ids.setdefault(partition, []).append(entry_id)
-    return await backend.delete_entries(dead_letter_topic, ids)
+    return ids
+
+
+async def _delete(
+    backend: Backend, dead_letter_topic: TopicRecord, letters: Sequence[DeadLetter]
+) -> int:
+    return await backend.delete_entries(dead_letter_topic, _ids(letters))

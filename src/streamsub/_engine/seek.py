@@ -12,7 +12,7 @@ import logging
 
 from .._backends.base import Backend, SnapshotRecord, TopicRecord
 from .._core.seek import MAX_SNAPSHOT_PENDING, SNAPSHOT_LIFETIME, SeekResult, plan_seek
-from .._errors import AlreadyExistsError, FailedPreconditionError
+from .._errors import AlreadyExistsError
 
 __all__ = ["SEEK_CONSUMER", "seek", "take_snapshot"]
 
@@ -47,18 +47,29 @@ async def seek(
 
 
 async def take_snapshot(
-    backend: Backend, name: str, topic: TopicRecord, subscription: str, now: float
+    backend: Backend, name: str, topic: TopicRecord, subscription: str
 ) -> SnapshotRecord:
-    """Record ``subscription``'s position and pending ids on every partition as ``name``."""
-    positions = await backend.group_positions(topic, subscription, MAX_SNAPSHOT_PENDING)
-    for partition, position in positions.items():
-        if len(position.pending) > MAX_SNAPSHOT_PENDING:
-            raise FailedPreconditionError(
-                f"subscription {subscription!r} has more than {MAX_SNAPSHOT_PENDING} pending "
-                f"messages on partition {partition}: a snapshot records at most that many; "
-                "let subscribers catch up first"
+    """Record ``subscription``'s position and pending ids on every partition as
+    ``name``; each partition's read and its retention hold are one atomic step,
+    so no trim can remove what the snapshot needs in between. Created and
+    expiry times are the server's."""
+    existing = await backend.get_snapshot(name)
+    if existing is not None:
+        if existing.expires > await backend.server_time():
+            raise AlreadyExistsError(
+                f"snapshot {name!r} exists: delete it first or use another name"
             )
-    record = SnapshotRecord(name, subscription, topic.name, now, positions, now + SNAPSHOT_LIFETIME)
-    if not await backend.create_snapshot(record):
+        await backend.delete_snapshot(name)
+    positions, created, expires = await backend.hold_positions(
+        topic, subscription, name, SNAPSHOT_LIFETIME, MAX_SNAPSHOT_PENDING
+    )
+    record = SnapshotRecord(name, subscription, topic.name, created, positions, expires)
+    try:
+        stored = await backend.create_snapshot(record)
+    except BaseException:
+        await backend.release_holds(topic, name)
+        raise
+    if not stored:  # written meanwhile by a creator that holds nothing (older version)
+        await backend.release_holds(topic, name)
         raise AlreadyExistsError(f"snapshot {name!r} exists: delete it first or use another name")
     return record

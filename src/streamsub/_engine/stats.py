@@ -8,7 +8,7 @@ from .._backends.base import Backend, SubscriptionRecord, TopicRecord
 from .._core.stats import (
     ATTEMPT_SAMPLE,
     BACKLOG_CAP,
-    RATE_CAP,
+    RATE_SAMPLE,
     RATE_WINDOW,
     PartitionCounts,
     Stats,
@@ -17,16 +17,15 @@ from .._core.stats import (
     subscription_report,
     topic_report,
 )
-from .._core.streamid import id_at
 
 __all__ = ["collect_stats"]
 
 
-async def _counts(backend: Backend, topic: TopicRecord, now: float) -> list[PartitionCounts]:
+async def _counts(backend: Backend, topic: TopicRecord) -> list[PartitionCounts]:
     return await backend.partition_counts(
         topic,
-        window_start=id_at(now - RATE_WINDOW),
-        window_cap=RATE_CAP,
+        window=RATE_WINDOW,
+        rate_sample=RATE_SAMPLE,
         sample=ATTEMPT_SAMPLE,
         backlog_cap=BACKLOG_CAP,
     )
@@ -41,7 +40,7 @@ async def collect_stats(
 ) -> Stats:
     """Reports for ``topics`` and ``subscriptions`` (whose topics must be among
     ``topics``), as of ``now``; dead-letter topics are read for their length."""
-    counts = {t.name: await _counts(backend, t, now) for t in topics}
+    counts = {t.name: await _counts(backend, t) for t in topics}
     topic_reports: list[TopicReport] = []
     for t in topics:
         dropped = await backend.dropped_unacked(t)
@@ -59,14 +58,12 @@ async def collect_stats(
             if dead_letter not in lengths:
                 record = await backend.get_topic(dead_letter)
                 lengths[dead_letter] = (
-                    0
-                    if record is None
-                    else sum(c.length for c in await _counts(backend, record, now))
+                    0 if record is None else sum(c.length for c in await _counts(backend, record))
                 )
             depth = lengths[dead_letter]
         reports.append(
             subscription_report(
-                s.name, s.topic, counts.get(s.topic, []), now=now, dead_letters=depth
+                s.name, s.topic, counts.get(s.topic, []), now=now, dead_letter_topic_length=depth
             )
         )
     return Stats(

@@ -5,7 +5,8 @@ atomic server-side steps of at most ``TRIM_BATCH`` entries. The background
 loop runs in every client for the topics it publishes to and the topics (and
 dead-letter topics) of the subscriptions it subscribes to, every
 ``retention_interval`` seconds; a lock in Redis per topic (expiring after
-``LOCK_TTL``) lets one client at a time do a topic's pass.
+``LOCK_TTL``, extended after every step) lets one client at a time do a
+topic's pass.
 """
 
 from __future__ import annotations
@@ -13,16 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from .. import metrics
 from .._backends.base import Backend, SnapshotRecord, TopicRecord
-from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, age_cutoff, floor_of
+from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, floor_of
 from .._errors import StreamsubError
 
-__all__ = ["Trimmer", "enforce_retention", "live_snapshots"]
+__all__ = ["Trimmer", "enforce_retention", "is_dead_letter_topic", "live_snapshots"]
 
 log = logging.getLogger("streamsub")
 
@@ -35,48 +35,86 @@ async def enforce_retention(
     acked_trim: bool = False,
     batch: int = TRIM_BATCH,
     snapshots: Sequence[SnapshotRecord] = (),
+    dead_letters: bool = False,
+    renew: Callable[[], Awaitable[bool]] | None = None,
 ) -> RetentionResult:
-    """Trim every partition of ``topic`` by its retention as of ``now``, keeping
-    what the live ``snapshots`` of the topic recorded."""
+    """Trim every partition of ``topic`` by its retention, keeping what the live
+    ``snapshots`` of the topic recorded (``now``: the server's time, for their
+    expiry; ages are judged by the server's clock in the trim step itself).
+
+    ``dead_letters``: the topic is a dead-letter topic, so entries deleted while
+    no subscription reads it are unresolved dead letters, counted like
+    ``drop_unacked`` drops. ``renew`` is called after every step to extend the
+    caller's lock; when it answers False the lock was lost and the pass stops.
+    What was dropped is reported (metric and warning) even when a step fails.
+    """
     retention = topic.retention
     counts: dict[int, tuple[int, int]] = dict.fromkeys(range(topic.partitions), (0, 0))
     if retention is None or not retention.bounded:
         return RetentionResult.of(topic.name, counts)
-    cutoff = None if retention.max_age is None else age_cutoff(now, retention.max_age)
     live = [s for s in snapshots if s.topic == topic.name and s.expires > now]
-    for partition in range(topic.partitions):
-        floor = floor_of(
-            (s.positions[partition].last_delivered_id, s.positions[partition].pending)
-            for s in live
-            if partition in s.positions
-        )
-        deleted = dropped = 0
-        more = True
-        while more:
-            d, u, more = await backend.trim(
-                topic,
-                partition,
-                cutoff=cutoff,
-                max_length=retention.max_length,
-                drop_unacked=retention.drop_unacked,
-                batch=batch,
-                acked_trim=acked_trim,
-                floor=floor,
+    try:
+        for partition in range(topic.partitions):
+            floor = floor_of(
+                (s.positions[partition].last_delivered_id, s.positions[partition].pending)
+                for s in live
+                if partition in s.positions
             )
-            deleted, dropped = deleted + d, dropped + u
-        counts[partition] = (deleted, dropped)
-    result = RetentionResult.of(topic.name, counts)
+            more = True
+            while more:
+                d, u, more = await backend.trim(
+                    topic,
+                    partition,
+                    max_age=retention.max_age,
+                    max_length=retention.max_length,
+                    drop_unacked=retention.drop_unacked,
+                    batch=batch,
+                    acked_trim=acked_trim,
+                    floor=floor,
+                    dead_letters=dead_letters,
+                )
+                deleted, dropped = counts[partition]
+                counts[partition] = (deleted + d, dropped + u)
+                if renew is not None and not await renew():
+                    log.warning(
+                        "streamsub: lost the retention lock of topic %r during a pass; "
+                        "stopping it (another trimmer goes on)",
+                        topic.name,
+                    )
+                    return RetentionResult.of(topic.name, counts)
+    finally:
+        _report(RetentionResult.of(topic.name, counts), dead_letters=dead_letters)
+    return RetentionResult.of(topic.name, counts)
+
+
+def _report(result: RetentionResult, *, dead_letters: bool) -> None:
+    """Log and count what a pass (or the part of it that ran) deleted."""
     if result.trimmed:
-        log.debug("streamsub: retention trimmed %d messages of %r", result.trimmed, topic.name)
-    if result.dropped_unacked:
-        metrics.on_dropped_unacked(topic.name, result.dropped_unacked)
+        log.debug("streamsub: retention trimmed %d messages of %r", result.trimmed, result.topic)
+    if not result.dropped_unacked:
+        return
+    metrics.on_dropped_unacked(result.topic, result.dropped_unacked)
+    if dead_letters:
+        log.warning(
+            "streamsub: retention of dead-letter topic %r deleted %d unresolved dead "
+            "letters (counted as dropped_unacked)",
+            result.topic,
+            result.dropped_unacked,
+        )
+    else:
         log.warning(
             "streamsub: retention of topic %r dropped %d unacknowledged messages "
             "(drop_unacked=True)",
-            topic.name,
+            result.topic,
             result.dropped_unacked,
         )
-    return result
+
+
+async def is_dead_letter_topic(backend: Backend, name: str) -> bool:
+    """Whether some subscription dead-letters into topic ``name``."""
+    return any(
+        s.settings.get("dead_letter_topic") == name for s in await backend.list_subscriptions()
+    )
 
 
 async def live_snapshots(backend: Backend, now: float) -> list[SnapshotRecord]:
@@ -99,13 +137,11 @@ class Trimmer:
         backend: Backend,
         *,
         interval: float,
-        clock: Callable[[], float] = time.time,
         all_topics: bool = False,
     ) -> None:
         self._backend = backend
         self._all_topics = all_topics
         self._interval = interval
-        self._clock = clock
         self._topics: set[str] = set()
         self._subscriptions: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -174,7 +210,13 @@ class Trimmer:
         if self._acked_trim is None:
             self._acked_trim = (await self._backend.server_info()).acked_trim
         results: dict[str, RetentionResult] = {}
-        snapshots = await live_snapshots(self._backend, self._clock())
+        now = await self._backend.server_time()
+        snapshots = await live_snapshots(self._backend, now)
+        dead_letter_topics = {
+            name
+            for s in await self._backend.list_subscriptions()
+            if isinstance(name := s.settings.get("dead_letter_topic"), str)
+        }
         for name in sorted(await self._names()):
             topic = await self._backend.get_topic(name)
             if topic is None or topic.retention is None or not topic.retention.bounded:
@@ -182,13 +224,19 @@ class Trimmer:
             lock = f"retention:{name}"
             if not await self._backend.try_lock(lock, self._token, LOCK_TTL):
                 continue
+
+            async def renew(lock: str = lock) -> bool:
+                return await self._backend.extend_lock(lock, self._token, LOCK_TTL)
+
             try:
                 results[name] = await enforce_retention(
                     self._backend,
                     topic,
-                    now=self._clock(),
+                    now=now,
                     acked_trim=self._acked_trim,
                     snapshots=snapshots,
+                    dead_letters=name in dead_letter_topics,
+                    renew=renew,
                 )
             finally:
                 await self._backend.unlock(lock, self._token)

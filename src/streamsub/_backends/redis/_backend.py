@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import socket
 import ssl
 import urllib.parse
@@ -25,10 +26,13 @@ from ..._core.retention import Retention
 from ..._core.seek import PartitionPosition, PartitionSeek, positions_from_json, positions_json
 from ..._core.stats import GroupCounts, PartitionCounts
 from ..._errors import (
+    AlreadyExistsError,
     AuthenticationError,
     BackendError,
     CertificateError,
+    FailedPreconditionError,
     InvalidArgumentError,
+    InvalidTypeError,
     ResourceExhaustedError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
@@ -77,27 +81,51 @@ _RECLAIM_STATES: tuple[ReclaimState, ...] = ("deliver", "exhausted", "lost")
 """Index = the state number reclaim.lua returns."""
 
 
-def _script(name: str) -> str:
-    return resources.files(__package__).joinpath("scripts", name).read_text()
+def _script(name: str, *, ids: bool = False) -> str:
+    """A script's source; ``ids``: with the id helpers of ``_ids.lua`` before it."""
+    scripts = resources.files(__package__).joinpath("scripts")
+    source = scripts.joinpath(name).read_text()
+    return scripts.joinpath("_ids.lua").read_text() + source if ids else source
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
 
 
 def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    if any(name == "password" for name, _ in query):
-        hidden = [(name, "***" if name == "password" else value) for name, value in query]
-        parts = parts._replace(query=urllib.parse.urlencode(hidden, safe="*"))
-    if parts.password is not None:
-        host = parts.hostname or ""
-        netloc = f"[{host}]" if ":" in host else host
-        netloc = f"{parts.username}:***@{netloc}" if parts.username else f":***@{netloc}"
-        if parts.port:
-            netloc += f":{parts.port}"
-        parts = parts._replace(netloc=netloc)
-    # Not urlunsplit: it drops the "//" of unix:///path, whose netloc is empty.
-    tail = f"?{parts.query}" if parts.query else ""
-    return f"{parts.scheme}://{parts.netloc}{parts.path}{tail}"
+    """``url`` without its password, for messages and logs; never raises.
+
+    Done on the text, not by parsing: a password may hold an unencoded ``/``,
+    ``?``, ``#`` or ``@``, which a URL parser takes for the end of the host part
+    (leaking the rest), and a malformed port makes parsers raise. Everything
+    between ``://`` and the last ``@`` is masked (the user name is kept when it
+    is plain), and so is a ``password=`` query parameter.
+    """
+    try:
+        scheme, separator, rest = url.partition("://")
+        if separator:
+            at = rest.rfind("@")
+            if at >= 0:
+                user, colon, _ = rest[:at].partition(":")
+                shown = user if colon and not any(c in user for c in "/?#") else ""
+                rest = f"{shown}:***{rest[at:]}"
+            url = f"{scheme}://{rest}"
+        return _QUERY_PASSWORD.sub(r"\1***", url)
+    except Exception:  # a log line must never fail; show nothing of the URL then
+        return "<Redis URL not shown>"
+
+
+@contextlib.contextmanager
+def _parsing(kind: str, fields: Mapping[str, str]) -> Iterator[None]:
+    """Turn a damaged stored record (a field missing or malformed, e.g. written
+    by hand or half-recreated by a racing writer) into a clear BackendError."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, InvalidArgumentError, InvalidTypeError) as exc:
+        name = fields.get("name", "?")
+        raise BackendError(
+            f"the stored {kind} record {name!r} is damaged ({type(exc).__name__}: {exc}; "
+            f"fields present: {sorted(fields)}): delete the {kind} and create it again"
+        ) from exc
 
 
 def _retention_json(retention: Retention | None) -> str:
@@ -230,10 +258,19 @@ class RedisBackend:
             # turns each into a dict, which costs more than decoding it.
             self._redis.set_response_callback("XREADGROUP", _raw)
         except ValueError as exc:
+            if "@" not in url and "password=" not in url:
+                raise InvalidArgumentError(
+                    f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
+                    "rediss://... for TLS or unix:///path/to/redis.sock"
+                ) from exc
+            # The parser's message (and so the cause) may quote part of the
+            # password, e.g. as a port that "could not be cast to integer".
             raise InvalidArgumentError(
-                f"cannot use Redis URL {redact(url)!r}: {exc}; use redis://host:port/db, "
-                "rediss://... for TLS or unix:///path/to/redis.sock"
-            ) from exc
+                f"cannot use Redis URL {redact(url)!r}: it is malformed; percent-encode "
+                "'/', '?', '#', '@' and ':' in a user name or password (e.g. '/' as %2F) "
+                "and use redis://user:password@host:port/db, rediss://... for TLS or "
+                "unix:///path/to/redis.sock?password=..."
+            ) from None
         self._socket_timeout = float(socket_timeout)
         self._append = _Script(_script("append.lua"))
         self._appender = InOrderConnection(
@@ -247,11 +284,15 @@ class RedisBackend:
         self._dead_letter = _Script(_script("dead_letter.lua"))
         self._ack_owned = _Script(_script("ack_owned.lua"))
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
-        self._trim = _Script(_script("trim.lua"))
+        self._trim = _Script(_script("trim.lua", ids=True))
         self._unlock = _Script(_script("unlock.lua"))
+        self._set_field = _Script(_script("set_field.lua"))
+        self._extend_lock = _Script(_script("extend_lock.lua"))
         self._seek = _Script(_script("seek.lua"))
         self._delete_entries = _Script(_script("delete_entries.lua"))
+        self._claim_entries = _Script(_script("claim_entries.lua"))
         self._stats = _Script(_script("stats.lua"))
+        self._hold = _Script(_script("snapshot.lua", ids=True))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
 
@@ -394,13 +435,14 @@ class RedisBackend:
     @staticmethod
     def _topic(fields: Mapping[str, str]) -> TopicRecord:
         retention = fields.get("retention")
-        return TopicRecord(
-            name=fields["name"],
-            partitions=int(fields["partitions"]),
-            layout=fields["layout"],
-            created=float(fields["created"]),
-            retention=Retention.from_dict(json.loads(retention)) if retention else None,
-        )
+        with _parsing("topic", fields):
+            return TopicRecord(
+                name=fields["name"],
+                partitions=int(fields["partitions"]),
+                layout=fields["layout"],
+                created=float(fields["created"]),
+                retention=Retention.from_dict(json.loads(retention)) if retention else None,
+            )
 
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
         record = dataclasses.replace(record, layout=_keys.LAYOUT)
@@ -429,7 +471,11 @@ class RedisBackend:
         return [self._topic(f) for f in await self._list(_keys.TOPICS)]
 
     async def delete_topic(self, record: TopicRecord) -> None:
-        dropped = [_keys.dropped_key(record.name, p) for p in range(record.partitions)]
+        dropped = [
+            key
+            for p in range(record.partitions)
+            for key in (_keys.dropped_key(record.name, p), _keys.holds_key(record.name, p))
+        ]
         with self._errors():
             await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
             await self._redis.srem(_keys.TOPICS, record.name)
@@ -437,12 +483,13 @@ class RedisBackend:
     # --- subscriptions ---------------------------------------------------------
     @staticmethod
     def _subscription(fields: Mapping[str, str]) -> SubscriptionRecord:
-        return SubscriptionRecord(
-            name=fields["name"],
-            topic=fields["topic"],
-            created=float(fields["created"]),
-            settings=json.loads(fields["settings"]),
-        )
+        with _parsing("subscription", fields):
+            return SubscriptionRecord(
+                name=fields["name"],
+                topic=fields["topic"],
+                created=float(fields["created"]),
+                settings=json.loads(fields["settings"]),
+            )
 
     async def create_subscription(
         self, record: SubscriptionRecord, topic: TopicRecord, start_id: str
@@ -784,10 +831,23 @@ class RedisBackend:
         policy = info.get("maxmemory_policy")
         return ServerInfo((major, minor, patch), None if policy is None else str(policy))
 
-    async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+    async def server_time(self) -> float:
         with self._errors():
-            await self._redis.hset(
-                _keys.topic_key(topic.name), "retention", _retention_json(retention)
+            seconds, micros = await self._redis.time()
+        return int(seconds) + int(micros) / 1_000_000
+
+    async def set_retention(self, topic: TopicRecord, retention: Retention | None) -> None:
+        # Only on a record that exists, in one step: an HSET racing delete_topic
+        # would recreate a record that holds nothing but the policy.
+        with self._errors():
+            stored = await self._evalsha(
+                self._set_field,
+                [_keys.topic_key(topic.name)],
+                ["retention", _retention_json(retention)],
+            )
+        if not stored:
+            raise TopicNotFoundError(
+                f"topic {topic.name!r} does not exist (deleted meanwhile?): create it first"
             )
 
     async def trim(
@@ -795,21 +855,27 @@ class RedisBackend:
         topic: TopicRecord,
         partition: int,
         *,
-        cutoff: str | None,
+        max_age: float | None,
         max_length: int | None,
         drop_unacked: bool,
         batch: int,
         acked_trim: bool,
         floor: str | None = None,
+        dead_letters: bool = False,
     ) -> tuple[int, int, bool]:
-        keys = [self._keys(topic)[partition], _keys.dropped_key(topic.name, partition)]
+        keys = [
+            self._keys(topic)[partition],
+            _keys.dropped_key(topic.name, partition),
+            _keys.holds_key(topic.name, partition),
+        ]
         args = [
-            cutoff or "",
+            "" if max_age is None else repr(max_age * 1000),
             "" if max_length is None else max_length,
             1 if drop_unacked else 0,
             batch,
             1 if acked_trim else 0,
             floor or "",
+            1 if dead_letters else 0,
         ]
         with self._errors():
             deleted, dropped, more = await self._evalsha(self._trim, keys, args)
@@ -831,6 +897,13 @@ class RedisBackend:
             )
         return bool(taken)
 
+    async def extend_lock(self, name: str, token: str, ttl: float) -> bool:
+        with self._errors():
+            kept = await self._evalsha(
+                self._extend_lock, [_keys.lock_key(name)], [token, max(1, int(ttl * 1000))]
+            )
+        return bool(kept)
+
     async def unlock(self, name: str, token: str) -> None:
         with self._errors():
             await self._evalsha(self._unlock, [_keys.lock_key(name)], [token])
@@ -840,37 +913,78 @@ class RedisBackend:
     """Entries a snapshot seek makes pending again look idle for a day, longer
     than any ack deadline, so the next reclaimer sweep delivers them."""
 
+    SEEK_STEP = 10_000
+    """Pending entries one seek step looks at (or ids it restores) at most."""
+
     async def seek_partition(
         self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
     ) -> tuple[int, int]:
-        keys = self._companions(topic, partition, group)
-        args = [group, plan.position, consumer, self._RESTORED_IDLE_MS, *plan.redeliver]
+        keys = [
+            *self._companions(topic, partition, group),
+            f"{_keys.stream_key(topic.name, partition)}:seek:{group}",
+        ]
+        acked = restored = 0
         with self._errors():
-            acked, restored = await self._evalsha(self._seek, keys, args)
-        return int(acked), int(restored)
+            try:
+                for i in range(0, len(plan.redeliver), self.SEEK_STEP):
+                    chunk = plan.redeliver[i : i + self.SEEK_STEP]
+                    args = [group, "restore", consumer, self._RESTORED_IDLE_MS, *chunk]
+                    restored += int((await self._evalsha(self._seek, keys, args))[1])
+                _, _, position = await self._evalsha(
+                    self._seek, keys, [group, "set", plan.position]
+                )
+                cursor = "-"
+                while cursor:
+                    args = [group, "ack", _text(position), cursor, self.SEEK_STEP]
+                    n, _, next_cursor = await self._evalsha(self._seek, keys, args)
+                    acked, cursor = acked + int(n), _text(next_cursor)
+            finally:
+                await self._evalsha(self._seek, keys, [group, "done"])
+        return acked, restored
 
-    async def group_positions(
-        self, topic: TopicRecord, group: str, max_pending: int
-    ) -> dict[int, PartitionPosition]:
-        infos = {i.partition: i for i in await self.group_info(topic, group)}
+    async def hold_positions(
+        self, topic: TopicRecord, group: str, name: str, lifetime: float, max_pending: int
+    ) -> tuple[dict[int, PartitionPosition], float, float]:
         keys = self._keys(topic)
+        args = [group, name, int(lifetime * 1000), max_pending]
+        calls = [(p, [key, _keys.holds_key(topic.name, p)], args) for p, key in enumerate(keys)]
+        with self._errors():
+            replies = await self._evalsha_many(self._hold, calls)
+        held = [p for p, reply in enumerate(replies) if _text(reply[0]) == "ok"]
+        failed = {_text(reply[0]) for reply in replies} - {"ok"}
+        if failed:
+            await self.release_holds(topic, name, held)
+        if "exists" in failed:
+            raise AlreadyExistsError(
+                f"snapshot {name!r} exists: delete it first or use another name"
+            )
+        if "nogroup" in failed:
+            raise SubscriptionNotFoundError(
+                f"topic {topic.name!r} has no consumer group {group!r} on every partition: "
+                "the subscription was deleted or its topic recreated; create it again"
+            )
+        if failed:
+            partition = next(p for p, r in enumerate(replies) if _text(r[0]) == "toomany")
+            raise FailedPreconditionError(
+                f"subscription {group!r} has more than {max_pending} pending messages on "
+                f"partition {partition}: a snapshot records at most that many; let "
+                "subscribers catch up first"
+            )
+        positions = {
+            p: PartitionPosition(_text(reply[1]), tuple(_text(i) for i in reply[4:]))
+            for p, reply in enumerate(replies)
+        }
+        return positions, int(replies[0][2]) / 1000, int(replies[0][3]) / 1000
+
+    async def release_holds(
+        self, topic: TopicRecord, name: str, partitions: Sequence[int] | None = None
+    ) -> None:
+        chosen = range(topic.partitions) if partitions is None else partitions
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
-                for partition in infos:
-                    pipe.xpending_range(keys[partition], group, "-", "+", max_pending + 1)
-                replies = await pipe.execute()
-        return {
-            partition: PartitionPosition(
-                infos[partition].last_delivered_id,
-                tuple(
-                    p["message_id"].decode()
-                    if isinstance(p["message_id"], bytes)
-                    else p["message_id"]
-                    for p in reply
-                ),
-            )
-            for partition, reply in zip(infos, replies, strict=True)
-        }
+                for p in chosen:
+                    pipe.hdel(_keys.holds_key(topic.name, p), name)
+                await pipe.execute()
 
     async def create_snapshot(self, record: SnapshotRecord) -> bool:
         fields = {
@@ -888,14 +1002,15 @@ class RedisBackend:
 
     @staticmethod
     def _snapshot(fields: Mapping[str, str]) -> SnapshotRecord:
-        return SnapshotRecord(
-            name=fields["name"],
-            subscription=fields["subscription"],
-            topic=fields["topic"],
-            created=float(fields["created"]),
-            positions=positions_from_json(json.loads(fields["positions"])),
-            expires=float(fields["expires"]),
-        )
+        with _parsing("snapshot", fields):
+            return SnapshotRecord(
+                name=fields["name"],
+                subscription=fields["subscription"],
+                topic=fields["topic"],
+                created=float(fields["created"]),
+                positions=positions_from_json(json.loads(fields["positions"])),
+                expires=float(fields["expires"]),
+            )
 
     async def get_snapshot(self, name: str) -> SnapshotRecord | None:
         fields = await self._get(_keys.snapshot_key(name))
@@ -905,6 +1020,11 @@ class RedisBackend:
         return [self._snapshot(f) for f in await self._list(_keys.SNAPSHOTS)]
 
     async def delete_snapshot(self, name: str) -> bool:
+        with self._errors():
+            topic_name = await self._redis.hget(_keys.snapshot_key(name), "topic")
+        topic = None if topic_name is None else await self.get_topic(_text(topic_name))
+        if topic is not None:
+            await self.release_holds(topic, name)
         with self._errors():
             deleted = await self._redis.delete(_keys.snapshot_key(name))
             await self._redis.srem(_keys.SNAPSHOTS, name)
@@ -925,25 +1045,46 @@ class RedisBackend:
 
     async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
         keys = self._keys(topic)
-        calls = [(p, [keys[p]], list(entry_ids)) for p, entry_ids in ids.items() if entry_ids]
+        calls = [
+            (p, [keys[p], _keys.claims_key(topic.name, p)], list(entry_ids))
+            for p, entry_ids in ids.items()
+            if entry_ids
+        ]
         if not calls:
             return 0
         with self._errors():
             replies = await self._evalsha_many(self._delete_entries, calls)
         return sum(int(n) for n in replies)
 
+    async def claim_entries(
+        self, topic: TopicRecord, ids: Mapping[int, Sequence[str]], ttl: float
+    ) -> dict[int, list[str]]:
+        keys = self._keys(topic)
+        calls = [
+            (p, [keys[p], _keys.claims_key(topic.name, p)], [max(1, int(ttl * 1000)), *entry_ids])
+            for p, entry_ids in ids.items()
+            if entry_ids
+        ]
+        if not calls:
+            return {}
+        with self._errors():
+            replies = await self._evalsha_many(self._claim_entries, calls)
+        return {
+            p: [_text(i) for i in reply] for (p, _, _), reply in zip(calls, replies, strict=True)
+        }
+
     # --- operations: statistics --------------------------------------------------
     async def partition_counts(
         self,
         topic: TopicRecord,
         *,
-        window_start: str,
-        window_cap: int,
+        window: float,
+        rate_sample: int,
         sample: int,
         backlog_cap: int,
     ) -> list[PartitionCounts]:
         keys = self._keys(topic)
-        args = [window_start, window_cap, sample, backlog_cap]
+        args = [int(window * 1000), rate_sample, sample, backlog_cap]
         calls = [(p, [key], args) for p, key in enumerate(keys)]
         with self._errors():
             replies = await self._evalsha_many(self._stats, calls)
@@ -956,7 +1097,7 @@ class RedisBackend:
             return value.decode() if isinstance(value, bytes) else str(value)
 
         counts = []
-        for partition, (length, recent, groups) in enumerate(replies):
+        for partition, (length, recent, span, now, groups) in enumerate(replies):
             used = memory[partition]
             counts.append(
                 PartitionCounts(
@@ -964,6 +1105,8 @@ class RedisBackend:
                     length=int(length),
                     memory=int(used) if isinstance(used, int) else None,
                     recent=int(recent),
+                    recent_span=int(span) / 1000,
+                    server_time=int(now) / 1000,
                     groups=[
                         GroupCounts(
                             name=text(name),

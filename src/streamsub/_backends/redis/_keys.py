@@ -14,7 +14,9 @@ __all__ = [
     "TOPICS",
     "SNAPSHOTS",
     "delay_key",
+    "claims_key",
     "dropped_key",
+    "holds_key",
     "lock_key",
     "snapshot_key",
     "stream_key",
@@ -60,6 +62,19 @@ def dropped_key(topic: str, partition: int) -> str:
     """The counter of unacknowledged entries that retention dropped from one
     partition (only with ``drop_unacked=True``); it shares the stream's tag."""
     return f"ss:{{{topic}.{partition}}}:dropped"
+
+
+def claims_key(topic: str, partition: int) -> str:
+    """The hash of a partition's entries claimed by a dead-letter replay (entry
+    id -> claim expiry, server ms); it shares the stream's tag."""
+    return f"ss:{{{topic}.{partition}}}:claims"
+
+
+def holds_key(topic: str, partition: int) -> str:
+    """The hash of live snapshots' holds on one partition (snapshot name ->
+    ``"<lowest id it needs> <expiry, server ms>"``), written in the step that
+    reads the positions and read by the trim step; it shares the stream's tag."""
+    return f"ss:{{{topic}.{partition}}}:holds"
 
 
 def lock_key(name: str) -> str:

@@ -1,18 +1,33 @@
--- Read what the operator's statistics need from one partition, in one step.
+-- Read what the operator's statistics need from one partition, in one step,
+-- reading at most ARGV[2] + ARGV[4] + 1 entries (with their payloads) and
+-- ARGV[3] pending records per group, whatever the stream's length.
 -- KEYS[1]: the stream.
--- ARGV[1]: the id where the publish-rate window starts, ARGV[2]: the most
--- entries counted in it, ARGV[3]: pending entries sampled per group for the
--- delivery-attempt distribution, ARGV[4]: the most undelivered entries
--- counted per group when the server does not know the lag.
--- Returns {length, entries in the window, groups}, each group as
--- {name, pending, last delivered id, backlog, first pending id or '',
---  first undelivered id or '', {consumer, pending, ...}, {delivery count, ...}}.
+-- ARGV[1]: the publish-rate window (ms, ending now by the server's clock),
+-- ARGV[2]: the newest entries read for it at most (when the window holds
+-- more, the rate is their count over the time they span), ARGV[3]: pending
+-- entries sampled per group for the delivery-attempt distribution, ARGV[4]:
+-- the most undelivered entries counted per group when the server does not
+-- know the lag (a floor then).
+-- Returns {length, entries counted for the rate, the ms they span, now (server
+-- ms), groups}, each group as {name, pending, last delivered id, backlog,
+-- first pending id or '', first undelivered id or '', {consumer, pending, ...},
+-- {delivery count, ...}}.
 local key = KEYS[1]
-local window_start, window_cap = ARGV[1], tonumber(ARGV[2])
+local window, rate_sample = tonumber(ARGV[1]), tonumber(ARGV[2])
 local sample, backlog_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-if redis.call('EXISTS', key) == 0 then return {0, 0, {}} end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if redis.call('EXISTS', key) == 0 then return {0, 0, window, now, {}} end
 local length = redis.call('XLEN', key)
-local recent = #redis.call('XRANGE', key, window_start, '+', 'COUNT', window_cap)
+local window_start = string.format('%d', math.max(0, now - window)) .. '-0'
+local newest = redis.call('XREVRANGE', key, '+', window_start, 'COUNT', rate_sample)
+local recent, span = #newest, window
+if recent == rate_sample and recent > 0 then
+  local id = newest[recent][1]
+  local oldest_ms = tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1))
+  span = math.max(1, now - oldest_ms)
+end
+local first_entry = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)
 local groups = {}
 for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   local g = {}
@@ -25,6 +40,8 @@ for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   if type(backlog) ~= 'number' then
     if first_undelivered == '' then
       backlog = 0
+    elseif first_undelivered == first_entry[1][1] then
+      backlog = length  -- nothing left in the stream was delivered yet: exact
     else
       backlog = #redis.call('XRANGE', key, '(' .. ld, '+', 'COUNT', backlog_cap)
     end
@@ -45,4 +62,4 @@ for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
     name, g['pending'], ld, backlog, first_pending, first_undelivered, consumers, attempts
   }
 end
-return {length, recent, groups}
+return {length, recent, span, now, groups}

@@ -1,70 +1,74 @@
 -- Trim one partition's stream by the topic's retention policy, in one step.
--- KEYS[1]: the stream, KEYS[2]: the partition's dropped-unacked counter.
--- ARGV[1]: age cutoff id ("" = no age bound): entries below it are too old.
+-- KEYS[1]: the stream, KEYS[2]: the partition's dropped-unacked counter,
+-- KEYS[3]: the partition's snapshot holds (a hash: snapshot name ->
+--          "<lowest id it needs> <expiry, server ms>").
+-- ARGV[1]: max age in ms ("" = no age bound): entries older than that by the
+--          server's clock (TIME) are too old.
 -- ARGV[2]: max length ("" = no length bound).
 -- ARGV[3]: "1" = drop unacknowledged entries too (and count them), else
 --          never trim past the safe point.
 -- ARGV[4]: the most entries to delete in this step.
--- ARGV[5]: "1" = the server has XTRIM ... ACKED (Redis 8.2+): use it for the
---          safe case instead of reading the groups.
--- ARGV[6]: the floor ("" = none): nothing at or above it goes unless
---          dropping unacknowledged entries (what live snapshots still need).
+-- ARGV[5]: "1" = the server has XTRIM ... ACKED (Redis 8.2+): let it decide
+--          which entries every group has acknowledged.
+-- ARGV[6]: a floor ("" = none): nothing at or above it goes unless dropping
+--          unacknowledged entries (what snapshot records still need).
+-- ARGV[7]: "1" = the topic is a dead-letter topic: while no group reads it,
+--          every entry deleted is an unresolved dead letter and is counted.
 -- Returns {deleted, of them unacknowledged, 1 when more remain to delete}.
 --
 -- The safe point is read here, in the step that trims: the lowest over all
--- groups of the first pending id, or of the id after the last delivered one
--- when nothing is pending. Entries below it every group has acknowledged.
-local key, counter = KEYS[1], KEYS[2]
-local cutoff, max_length = ARGV[1], tonumber(ARGV[2])
+-- groups of the first pending id and of the id after the last delivered one
+-- (after a seek backwards the latter is the lower), and over the live
+-- snapshot holds. Entries below it every group has acknowledged.
+--
+-- Ids are compared as text (_ids.lua, prepended when the script is loaded).
+local key, counter, holds_key = KEYS[1], KEYS[2], KEYS[3]
+local max_length = tonumber(ARGV[2])
 local drop, batch, acked = ARGV[3] == '1', tonumber(ARGV[4]), ARGV[5] == '1'
-local floor = ARGV[6]
+local floor, dead = ARGV[6], ARGV[7] == '1'
 if redis.call('EXISTS', key) == 0 then return {0, 0, 0} end
 
-local function parse(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-local function less(a, b)
-  local am, as = parse(a)
-  local bm, bs = parse(b)
-  if am ~= bm then return am < bm end
-  return as < bs
-end
-local function successor(id)
-  local dash = string.find(id, '-', 1, true)
-  return string.sub(id, 1, dash - 1) .. '-' .. string.format('%d', tonumber(string.sub(id, dash + 1)) + 1)
-end
 local function fields(flat)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
 end
 
-if acked and not drop and floor == '' then
-  local n = 0
-  if cutoff ~= '' then n = n + redis.call('XTRIM', key, 'MINID', '=', cutoff, 'ACKED') end
-  if max_length then n = n + redis.call('XTRIM', key, 'MAXLEN', '=', max_length, 'ACKED') end
-  return {n, 0, 0}
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local cutoff = ''
+if ARGV[1] ~= '' then
+  cutoff = string.format('%d', math.max(0, math.floor(now_ms - tonumber(ARGV[1])))) .. '-0'
 end
 
 local groups = {}
 for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   groups[#groups + 1] = fields(raw)
 end
+local server_decides = acked and not drop and #groups > 0
 
 -- The upper bound: nothing at or above it goes (nil = no bound).
 local upper = nil
 if not drop then
-  for _, g in ipairs(groups) do
-    local needs
-    if tonumber(g['pending']) > 0 then
-      needs = redis.call('XPENDING', key, g['name'])[2]
+  local holds = redis.call('HGETALL', holds_key)
+  for i = 1, #holds, 2 do
+    local value = holds[i + 1]
+    local space = string.find(value, ' ', 1, true)
+    if space == nil or tonumber(string.sub(value, space + 1)) <= now_ms then
+      redis.call('HDEL', holds_key, holds[i])
     else
-      needs = successor(g['last-delivered-id'])
+      upper = lower(upper, string.sub(value, 1, space - 1))
     end
-    if upper == nil or less(needs, upper) then upper = needs end
   end
-  if floor ~= '' and (upper == nil or less(floor, upper)) then upper = floor end
+  if floor ~= '' then upper = lower(upper, floor) end
+  if not server_decides then
+    for _, g in ipairs(groups) do
+      upper = lower(upper, successor(g['last-delivered-id']))
+      if tonumber(g['pending']) > 0 then
+        upper = lower(upper, redis.call('XPENDING', key, g['name'])[2])
+      end
+    end
+  end
 end
 
 -- The victims: the oldest entries that are beyond the policy (too old, or
@@ -77,9 +81,7 @@ local function range_end(bound)
 end
 local victims = {}
 if cutoff ~= '' then
-  local bound = cutoff
-  if upper ~= nil and less(upper, bound) then bound = upper end
-  victims = redis.call('XRANGE', key, '-', range_end(bound), 'COUNT', batch)
+  victims = redis.call('XRANGE', key, '-', range_end(lower(upper, cutoff)), 'COUNT', batch)
 end
 if #victims < batch and excess > #victims then
   victims = redis.call('XRANGE', key, '-', range_end(upper), 'COUNT', math.min(excess, batch))
@@ -87,15 +89,23 @@ end
 if #victims == 0 then return {0, 0, 0} end
 local first, last = victims[1][1], victims[#victims][1]
 
+if server_decides then
+  -- Bounded by this step's victims, so one step deletes at most `batch`.
+  local n = redis.call('XTRIM', key, 'MINID', '=', successor(last), 'ACKED')
+  local more = 0
+  if #victims == batch and n > 0 then more = 1 end
+  return {n, 0, more}
+end
+
 local dropped = 0
-if drop and #groups > 0 then
+if dead and #groups == 0 then
+  -- Nobody reads the dead-letter topic: each entry is an unresolved dead letter.
+  dropped = #victims
+elseif drop and #groups > 0 then
   -- Unacknowledged: not yet delivered to some group (above the lowest last
   -- delivered id), or pending in some group.
   local lowest = nil
-  for _, g in ipairs(groups) do
-    local ld = g['last-delivered-id']
-    if lowest == nil or less(ld, lowest) then lowest = ld end
-  end
+  for _, g in ipairs(groups) do lowest = lower(lowest, g['last-delivered-id']) end
   local unacked = {}
   for _, v in ipairs(victims) do
     if less(lowest, v[1]) then unacked[v[1]] = true end
@@ -118,8 +128,8 @@ if drop and #groups > 0 then
     end
   end
   for _ in pairs(unacked) do dropped = dropped + 1 end
-  if dropped > 0 then redis.call('INCRBY', counter, dropped) end
 end
+if dropped > 0 then redis.call('INCRBY', counter, dropped) end
 
 local n = redis.call('XTRIM', key, 'MINID', '=', successor(last))
 local more = 0
