@@ -13,6 +13,7 @@ __all__ = [
     "SUBSCRIPTIONS",
     "TOPICS",
     "delay_key",
+    "labels_key",
     "stream_key",
     "subscription_key",
     "times_key",
@@ -49,3 +50,8 @@ def times_key(topic: str, partition: int, group: str) -> str:
     """The hash of a group's first and last delivery times (``first:last`` ms) of
     entries that were nacked; it shares the stream's tag."""
     return f"ss:{{{topic}.{partition}}}:times:{group}"
+
+
+def labels_key(kind: str, name: str) -> str:
+    """The hash of a topic's or subscription's Pub/Sub labels (the gateway's)."""
+    return f"ss:labels:{kind}:{name}"

@@ -1,0 +1,673 @@
+"""The gateway's one door to the data path: deliveries named by ack ids.
+
+Every call the gateway makes to the backend's data methods (read, nack,
+reclaim, dead_letter, and the gateway's own ack_deliveries/lease_deliveries)
+is in this module, so a change of their signatures is adapted here alone.
+
+A Pub/Sub ack id names one delivery: ``<partition>/<entry id>/<delivery
+count>/<consumer>``. Acking or extending one is checked on the server against
+the pending list (still that consumer, still that delivery count), so any
+connection and any gateway process can settle it, and an ack from a delivery
+whose lease lapsed and went to someone else settles nothing.
+
+Leases: the subscription's ack deadline ``D`` is the reclaimers' min-idle, so a
+lease that should end ``r <= D`` seconds from now is an idle time of ``D - r``;
+longer leases are held by re-setting the idle time to 0 every ``D/3`` until
+they are within ``D`` of their end. One lease table per subscription and
+process does that, whichever stream delivered the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+from .._backends.base import Backend, Entry, SubscriptionRecord, TopicRecord
+from .._core.codec import UndecodableEntry, decode
+from .._core.deadletter import UNDECODABLE, dead_letter_message
+from .._core.partition import partition_for_key
+from .._core.retry import backoff
+from .._errors import StreamsubError, SubscriptionNotFoundError, TopicNotFoundError
+from .._settings import RetryPolicy
+
+__all__ = [
+    "Adapter",
+    "Puller",
+    "Received",
+    "SubscriptionView",
+    "format_ack_id",
+    "parse_ack_id",
+]
+
+log = logging.getLogger("streamsub.gateway")
+
+_Key = tuple[int, str]
+_VIEW_TTL = 1.0
+"""Seconds a subscription's settings are cached: updates show within a second."""
+_LEASE_TICK = (0.05, 2.0)
+"""Bounds of the lease table's period (a quarter of the ack deadline)."""
+_RECLAIM_EVERY = (0.05, 5.0)
+"""Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
+
+
+def format_ack_id(partition: int, entry_id: str, attempt: int, consumer: str) -> str:
+    """The ack id of one delivery."""
+    return f"{partition}/{entry_id}/{attempt}/{consumer}"
+
+
+def parse_ack_id(ack_id: str) -> tuple[int, str, int, str] | None:
+    """(partition, entry id, delivery count, consumer), or None if malformed."""
+    parts = ack_id.split("/", 3)
+    if len(parts) != 4 or not parts[3]:
+        return None
+    try:
+        partition, attempt = int(parts[0]), int(parts[2])
+    except ValueError:
+        return None
+    if partition < 0 or attempt < 1 or "-" not in parts[1]:
+        return None
+    return partition, parts[1], attempt, parts[3]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionView:
+    """What the data path needs of a subscription, read from its record."""
+
+    record: SubscriptionRecord
+    topic: TopicRecord
+    dead_letter_topic: TopicRecord | None
+    ack_deadline: float
+    max_delivery_attempts: int
+    retry_policy: RetryPolicy | None
+    exactly_once: bool
+    ordering: bool
+
+    @property
+    def name(self) -> str:
+        """The streamsub subscription (consumer group) name."""
+        return self.record.name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Received:
+    """One delivery as the faces render it."""
+
+    ack_id: str
+    message_id: str
+    data: bytes
+    attributes: dict[str, str]
+    ordering_key: str | None
+    publish_ms: int
+    delivery_attempt: int
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Delivery:
+    partition: int
+    entry_id: str
+    attempt: int
+    consumer: str
+    size: int
+    delivered_ms: int
+    lease_end: float
+    set_at: float
+    final: bool
+    """The idle time now encodes the lease end exactly; nothing more to extend."""
+    owner: Puller | None
+
+
+class Adapter:
+    """Deliveries, leases and settlement for every subscription of one gateway."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._views: dict[str, tuple[float, SubscriptionView]] = {}
+        self._tables: dict[str, _LeaseTable] = {}
+        self._prefix = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._numbers = itertools.count(1)
+        self._pullers: set[Puller] = set()
+
+    def new_consumer(self, kind: str) -> str:
+        """A consumer name unique to this process (stable parts first, for humans)."""
+        return f"{self._prefix}-{kind}{next(self._numbers)}"
+
+    # --- subscriptions ---------------------------------------------------------
+    async def view(self, name: str) -> SubscriptionView:
+        """The subscription ``name`` (cached for a second); raises
+        SubscriptionNotFoundError or TopicNotFoundError."""
+        now = self._clock()
+        cached = self._views.get(name)
+        if cached is not None and now - cached[0] < _VIEW_TTL:
+            return cached[1]
+        record = await self._backend.get_subscription(name)
+        if record is None:
+            self._views.pop(name, None)
+            raise SubscriptionNotFoundError(name)
+        topic = await self._backend.get_topic(record.topic)
+        if topic is None:
+            raise TopicNotFoundError(record.topic)
+        settings = record.settings
+        dead_letter_name = settings.get("dead_letter_topic")
+        dead_letter = None
+        if isinstance(dead_letter_name, str):
+            dead_letter = await self._backend.get_topic(dead_letter_name)
+        retry = settings.get("retry_policy")
+        view = SubscriptionView(
+            record=record,
+            topic=topic,
+            dead_letter_topic=dead_letter,
+            ack_deadline=float(settings["ack_deadline"]),  # type: ignore[arg-type]
+            max_delivery_attempts=int(settings["max_delivery_attempts"]),  # type: ignore[call-overload]
+            retry_policy=RetryPolicy(**retry) if isinstance(retry, dict) else None,
+            exactly_once=bool(settings.get("enable_exactly_once_delivery")),
+            ordering=bool(settings.get("enable_message_ordering")),
+        )
+        self._views[name] = (now, view)
+        return view
+
+    def forget(self, name: str) -> None:
+        """Drop the cached view of ``name`` (after an update or delete)."""
+        self._views.pop(name, None)
+
+    def _table(self, view: SubscriptionView) -> _LeaseTable:
+        table = self._tables.get(view.name)
+        if table is None:
+            table = self._tables[view.name] = _LeaseTable(self, view)
+        table.view = view
+        return table
+
+    # --- settling --------------------------------------------------------------
+    async def acknowledge(self, view: SubscriptionView, ack_ids: Iterable[str]) -> list[str]:
+        """Acknowledge deliveries; return the ack ids that settled nothing (malformed,
+        already settled, or whose lease went to another delivery)."""
+        failed: list[str] = []
+        by_partition: dict[int, list[tuple[str, str, int]]] = collections.defaultdict(list)
+        named: dict[_Key, list[str]] = collections.defaultdict(list)
+        for ack_id in ack_ids:
+            parsed = parse_ack_id(ack_id)
+            if parsed is None or parsed[0] >= view.topic.partitions:
+                failed.append(ack_id)
+                continue
+            partition, entry_id, attempt, consumer = parsed
+            by_partition[partition].append((entry_id, consumer, attempt))
+            named[(partition, entry_id)].append(ack_id)
+        if not by_partition:
+            return failed
+        acked = await self._backend.ack_deliveries(view.topic, view.name, by_partition)
+        done = {(p, i) for p, ids in acked.items() for i in ids}
+        table = self._tables.get(view.name)
+        for key, ids in named.items():
+            if key in done:
+                failed += ids[1:]  # the same delivery acked twice in one call
+                if table is not None:
+                    table.drop(key)
+            else:
+                failed += ids
+        return failed
+
+    async def modify_deadline(
+        self, view: SubscriptionView, ack_ids: Iterable[str], seconds: float
+    ) -> list[str]:
+        """Set deliveries' leases to end ``seconds`` from now; 0 gives them back
+        (a nack: redelivered after the retry policy's backoff). Return the ack
+        ids that settled nothing."""
+        if seconds <= 0:
+            return await self._nack(view, list(ack_ids), backoff_delay=True)
+        now = self._clock()
+        deadline_ms = int(view.ack_deadline * 1000)
+        idle_ms = max(0, deadline_ms - int(seconds * 1000))
+        failed: list[str] = []
+        by_partition: dict[int, list[tuple[str, str, int, int]]] = collections.defaultdict(list)
+        named: dict[_Key, list[str]] = collections.defaultdict(list)
+        for ack_id in ack_ids:
+            parsed = parse_ack_id(ack_id)
+            if parsed is None or parsed[0] >= view.topic.partitions:
+                failed.append(ack_id)
+                continue
+            partition, entry_id, attempt, consumer = parsed
+            by_partition[partition].append((entry_id, consumer, attempt, idle_ms))
+            named[(partition, entry_id)].append(ack_id)
+        if not by_partition:
+            return failed
+        leased = await self._backend.lease_deliveries(view.topic, view.name, by_partition)
+        done = {(p, i) for p, ids in leased.items() for i in ids}
+        table = self._table(view)
+        for key, ids in named.items():
+            if key in done:
+                table.leased(key, now + seconds, now, final=seconds <= view.ack_deadline)
+            else:
+                failed += ids
+                table.drop(key)
+        return failed
+
+    async def _nack(
+        self, view: SubscriptionView, ack_ids: Sequence[str], *, backoff_delay: bool
+    ) -> list[str]:
+        failed: list[str] = []
+        now_ms = int(self._wall_clock() * 1000)
+        table = self._tables.get(view.name)
+        # consumer -> partition -> (id, delay ms, delivered ms, delivered)
+        items: dict[str, dict[int, list[tuple[str, int, int, bool]]]] = {}
+        named: dict[tuple[str, int, str], list[str]] = collections.defaultdict(list)
+        for ack_id in ack_ids:
+            parsed = parse_ack_id(ack_id)
+            if parsed is None or parsed[0] >= view.topic.partitions:
+                failed.append(ack_id)
+                continue
+            partition, entry_id, attempt, consumer = parsed
+            delivery = None if table is None else table.get((partition, entry_id))
+            delivered_ms = now_ms if delivery is None else delivery.delivered_ms
+            delay_ms = int(backoff(view.retry_policy, attempt) * 1000) if backoff_delay else 0
+            key = (consumer, partition, entry_id)
+            if key not in named:
+                items.setdefault(consumer, collections.defaultdict(list))[partition].append(
+                    (entry_id, delay_ms, delivered_ms, True)
+                )
+            named[key].append(ack_id)
+        deadline_ms = int(view.ack_deadline * 1000)
+        for consumer, by_partition in items.items():
+            # Owner-checked by consumer only: the delivery count is checked when
+            # the backend's nack takes the expected attempt.
+            owned = await self._backend.nack(
+                view.topic, view.name, consumer, by_partition, deadline_ms
+            )
+            done = {(p, i) for p, ids in owned.items() for i in ids}
+            for partition, entries in by_partition.items():
+                for entry_id, *_ in entries:
+                    ids = named[(consumer, partition, entry_id)]
+                    if table is not None:
+                        table.drop((partition, entry_id))
+                    if (partition, entry_id) in done:
+                        failed += ids[1:]
+                    else:
+                        failed += ids
+        return failed
+
+    # --- pulling ---------------------------------------------------------------
+    def puller(
+        self,
+        view: SubscriptionView,
+        *,
+        consumer: str,
+        max_messages: int,
+        max_bytes: int,
+        deadline: float,
+    ) -> Puller:
+        """A reader of ``view`` for one stream (or for unary pulls) as ``consumer``."""
+        puller = Puller(
+            self,
+            view,
+            consumer=consumer,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            deadline=deadline,
+        )
+        self._pullers.add(puller)
+        return puller
+
+    async def delete_idle_consumers(self, view: SubscriptionView, min_idle_ms: int) -> None:
+        """Delete the group's consumers that hold nothing and were idle that long."""
+        await self._backend.delete_idle_consumers(view.topic, view.name, "", min_idle_ms)
+
+    async def close(self) -> None:
+        """Stop every lease table and give back every delivery still leased here,
+        so that other gateways deliver them at once."""
+        for puller in list(self._pullers):
+            puller.closed = True
+        tables, self._tables = list(self._tables.values()), {}
+        for table in tables:
+            await table.close()
+            try:
+                await self._nack(table.view, table.ack_ids(), backoff_delay=False)
+            except StreamsubError as exc:
+                log.warning(
+                    "streamsub gateway: could not give back the leases of %r (%s); they "
+                    "return when their deadlines pass",
+                    table.view.name,
+                    exc,
+                )
+
+
+class _LeaseTable:
+    """Leases of one subscription's deliveries made or extended by this process."""
+
+    def __init__(self, adapter: Adapter, view: SubscriptionView) -> None:
+        self._adapter = adapter
+        self.view = view
+        self._deliveries: dict[_Key, _Delivery] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def get(self, key: _Key) -> _Delivery | None:
+        return self._deliveries.get(key)
+
+    def ack_ids(self) -> list[str]:
+        return [
+            format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer)
+            for d in self._deliveries.values()
+        ]
+
+    def add(self, delivery: _Delivery) -> None:
+        key = (delivery.partition, delivery.entry_id)
+        old = self._deliveries.get(key)
+        if old is not None and old.owner is not None and old is not delivery:
+            old.owner.released(old)
+        self._deliveries[key] = delivery
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def leased(self, key: _Key, lease_end: float, now: float, *, final: bool) -> None:
+        delivery = self._deliveries.get(key)
+        if delivery is not None:
+            delivery.lease_end, delivery.set_at, delivery.final = lease_end, now, final
+
+    def drop(self, key: _Key) -> None:
+        delivery = self._deliveries.pop(key, None)
+        if delivery is not None and delivery.owner is not None:
+            delivery.owner.released(delivery)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            deadline = self.view.ack_deadline
+            await asyncio.sleep(min(max(deadline / 4, _LEASE_TICK[0]), _LEASE_TICK[1]))
+            try:
+                await self._tick(deadline)
+            except StreamsubError as exc:
+                log.warning(
+                    "streamsub gateway: extending leases of %r failed: %s", self.view.name, exc
+                )
+
+    async def _tick(self, deadline: float) -> None:
+        now = self._adapter._clock()
+        deadline_ms = int(deadline * 1000)
+        updates: dict[int, list[tuple[str, str, int, int]]] = collections.defaultdict(list)
+        sent: list[_Delivery] = []
+        for key, d in list(self._deliveries.items()):
+            remaining = d.lease_end - now
+            if d.final:
+                if remaining <= 0:  # lapsed: the reclaimers may take it now
+                    self.drop(key)
+                continue
+            if remaining <= deadline:
+                idle_ms = min(deadline_ms, max(0, deadline_ms - int(remaining * 1000)))
+                d.final = True
+            elif now - d.set_at >= deadline / 3:
+                idle_ms = 0
+            else:
+                continue
+            d.set_at = now
+            updates[d.partition].append((d.entry_id, d.consumer, d.attempt, idle_ms))
+            sent.append(d)
+        if not sent:
+            return
+        leased = await self._adapter._backend.lease_deliveries(
+            self.view.topic, self.view.name, updates
+        )
+        done = {(p, i) for p, ids in leased.items() for i in ids}
+        for d in sent:
+            key = (d.partition, d.entry_id)
+            if key not in done and self._deliveries.get(key) is d:
+                self.drop(key)  # acked elsewhere, or taken by another delivery
+
+
+class Puller:
+    """Reads one subscription for one consumer within flow-control limits."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        view: SubscriptionView,
+        *,
+        consumer: str,
+        max_messages: int,
+        max_bytes: int,
+        deadline: float,
+    ) -> None:
+        self._adapter = adapter
+        self.view = view
+        self.consumer = consumer
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.deadline = deadline
+        self.closed = False
+        self._outstanding: dict[_Key, _Delivery] = {}
+        self._bytes = 0
+        self.room = asyncio.Event()
+        self._cursors: dict[int, str] = {}
+        self._next_sweep = 0.0
+        self._next_partition = 0
+        self.delivered = 0
+        self.redelivered = 0
+        self.dead_lettered = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Deliveries of this puller not yet acked, nacked or lapsed."""
+        return len(self._outstanding)
+
+    def released(self, delivery: _Delivery) -> None:
+        key = (delivery.partition, delivery.entry_id)
+        if self._outstanding.get(key) is delivery:
+            del self._outstanding[key]
+            self._bytes -= delivery.size
+            self.room.set()
+
+    def budget(self) -> int:
+        """How many messages may be delivered now (0 when a limit is reached)."""
+        if self._bytes >= self.max_bytes:
+            return 0
+        return max(0, self.max_messages - len(self._outstanding))
+
+    async def pull(self, block_ms: int, limit: int | None = None) -> list[Received]:
+        """Up to the free budget (and ``limit``) of messages: reclaimed ones first
+        when a sweep is due, else new ones, waiting up to ``block_ms``."""
+        budget = self.budget()
+        if limit is not None:
+            budget = min(budget, limit)
+        if budget <= 0 or self.closed:
+            return []
+        view = self.view
+        now = self._adapter._clock()
+        if now >= self._next_sweep:
+            received = await self._reclaim(budget)
+            if received:
+                return received
+        partitions = list(range(view.topic.partitions))
+        if budget >= len(partitions):
+            count = budget // len(partitions)
+        else:  # fewer slots than partitions: one each from the next ``budget`` of them
+            start = self._next_partition
+            partitions = [(start + i) % len(partitions) for i in range(budget)]
+            self._next_partition = (start + budget) % view.topic.partitions
+            count = 1
+        entries = await self._adapter._backend.read(
+            view.topic, view.name, self.consumer, partitions, count, max(1, block_ms)
+        )
+        self.delivered += len(entries)
+        return await self._accept(entries, None)
+
+    async def _reclaim(self, budget: int) -> list[Received]:
+        view = self.view
+        adapter = self._adapter
+        if not self._cursors:
+            self._cursors = dict.fromkeys(range(view.topic.partitions), "-")
+        count = max(1, budget // max(1, len(self._cursors)))
+        attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
+        found, cursors = await adapter._backend.reclaim(
+            view.topic,
+            view.name,
+            self.consumer,
+            self._cursors,
+            int(view.ack_deadline * 1000),
+            count,
+            attempts,
+        )
+        self._cursors = {p: c for p, c in cursors.items() if c != "0-0"}
+        if not self._cursors:
+            interval = min(max(view.ack_deadline / 4, _RECLAIM_EVERY[0]), _RECLAIM_EVERY[1])
+            self._next_sweep = adapter._clock() + interval
+        deliver: list[Entry] = []
+        first: list[int] = []
+        for item in found:
+            if item.state == "deliver":
+                deliver.append(item.entry)
+                first.append(item.first_delivery_ms)
+            elif item.state == "exhausted":
+                await self._dead_letter(
+                    item.entry,
+                    f"delivered {item.entry.delivery_count} times (max_delivery_attempts)",
+                    item.first_delivery_ms,
+                    item.last_delivery_ms,
+                )
+            else:
+                log.warning(
+                    "streamsub gateway: entry %s-%s of %r was trimmed before anyone acked it",
+                    item.entry.partition,
+                    item.entry.entry_id,
+                    view.topic.name,
+                )
+        self.redelivered += len(deliver)
+        return await self._accept(deliver, first)
+
+    async def _dead_letter(
+        self, entry: Entry, reason: str, first_ms: int | None, last_ms: int | None
+    ) -> None:
+        view = self.view
+        target = view.dead_letter_topic
+        assert target is not None  # entries come back exhausted only when there is one
+        try:
+            decoded = decode(entry.fields)
+        except UndecodableEntry as exc:
+            decoded = None
+            reason = f"{UNDECODABLE}: {exc.reason}"
+        encoded = dead_letter_message(
+            decoded,
+            raw_fields=entry.fields,
+            topic=view.topic.name,
+            subscription=view.name,
+            message_id=f"{entry.partition}-{entry.entry_id}",
+            delivery_attempts=entry.delivery_count,
+            reason=reason,
+        )
+        if encoded.ordering_key is not None:
+            target_partition = partition_for_key(encoded.ordering_key, target.partitions)
+        else:
+            target_partition = entry.partition % target.partitions
+        await self._adapter._backend.dead_letter(
+            view.topic,
+            view.name,
+            entry.partition,
+            entry.entry_id,
+            target,
+            target_partition,
+            encoded.packed,
+            first_ms,
+            last_ms,
+        )
+        self.dead_lettered += 1
+
+    async def _accept(self, entries: list[Entry], first_ms: list[int] | None) -> list[Received]:
+        view = self.view
+        adapter = self._adapter
+        now = adapter._clock()
+        now_ms = int(adapter._wall_clock() * 1000)
+        table = adapter._table(view)
+        received: list[Received] = []
+        for index, entry in enumerate(entries):
+            try:
+                decoded = decode(entry.fields)
+            except UndecodableEntry as exc:
+                await self._undecodable(entry, exc.reason, first_ms[index] if first_ms else now_ms)
+                continue
+            delivery = _Delivery(
+                partition=entry.partition,
+                entry_id=entry.entry_id,
+                attempt=entry.delivery_count,
+                consumer=self.consumer,
+                size=decoded.size,
+                delivered_ms=now_ms,
+                lease_end=now + self.deadline,
+                set_at=now,
+                final=False,
+                owner=None if self.closed else self,
+            )
+            table.add(delivery)
+            if not self.closed:
+                self._outstanding[(entry.partition, entry.entry_id)] = delivery
+                self._bytes += decoded.size
+            ack_id = format_ack_id(
+                entry.partition, entry.entry_id, entry.delivery_count, self.consumer
+            )
+            received.append(
+                Received(
+                    ack_id=ack_id,
+                    message_id=f"{entry.partition}-{entry.entry_id}",
+                    data=decoded.data,
+                    attributes=decoded.attributes,
+                    ordering_key=decoded.ordering_key,
+                    publish_ms=int(entry.entry_id.split("-", 1)[0]),
+                    delivery_attempt=entry.delivery_count,
+                )
+            )
+        return received
+
+    async def _undecodable(self, entry: Entry, reason: str, first_ms: int) -> None:
+        log.warning(
+            "streamsub gateway: entry %s-%s of %r is undecodable (%s)",
+            entry.partition,
+            entry.entry_id,
+            self.view.topic.name,
+            reason,
+        )
+        if self.view.dead_letter_topic is not None:
+            await self._dead_letter(entry, f"{UNDECODABLE}: {reason}", first_ms, None)
+            return
+        delay_ms = int(backoff(self.view.retry_policy, entry.delivery_count) * 1000)
+        now_ms = int(self._adapter._wall_clock() * 1000)
+        await self._adapter._backend.nack(
+            self.view.topic,
+            self.view.name,
+            self.consumer,
+            {entry.partition: [(entry.entry_id, delay_ms, now_ms, True)]},
+            int(self.view.ack_deadline * 1000),
+        )
+
+    async def close(self, *, hand_back: bool) -> None:
+        """Stop delivering. With ``hand_back`` the deliveries still outstanding are
+        given back at once; without, their leases run on (the client may still
+        ack them on another stream)."""
+        self.closed = True
+        self._adapter._pullers.discard(self)
+        outstanding = list(self._outstanding.values())
+        for delivery in outstanding:
+            delivery.owner = None
+        self._outstanding.clear()
+        self._bytes = 0
+        if hand_back and outstanding:
+            ack_ids = [
+                format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer) for d in outstanding
+            ]
+            await self._adapter._nack(self.view, ack_ids, backoff_delay=False)
