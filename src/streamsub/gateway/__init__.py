@@ -12,6 +12,6 @@ Pub/Sub names ``projects/P/topics/T`` are streamsub names ``P~T``. Needs the
 ``gateway`` extra (``pip install 'streamsub[gateway]'``).
 """
 
-from ._server import DEFAULT_GRPC_ADDRESS, DEFAULT_HTTP_ADDRESS, Gateway
+from ._server import DEFAULT_GRPC_ADDRESS, DEFAULT_HTTP_ADDRESS, Gateway, GatewayStatistics
 
-__all__ = ["DEFAULT_GRPC_ADDRESS", "DEFAULT_HTTP_ADDRESS", "Gateway"]
+__all__ = ["DEFAULT_GRPC_ADDRESS", "DEFAULT_HTTP_ADDRESS", "Gateway", "GatewayStatistics"]

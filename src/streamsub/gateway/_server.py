@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from types import TracebackType
@@ -15,7 +16,7 @@ from .._backends.base import Backend
 from ._grpc import grpc_server
 from ._service import PubSubService, StreamSettings
 
-__all__ = ["DEFAULT_GRPC_ADDRESS", "DEFAULT_HTTP_ADDRESS", "Gateway"]
+__all__ = ["DEFAULT_GRPC_ADDRESS", "DEFAULT_HTTP_ADDRESS", "Gateway", "GatewayStatistics"]
 
 log = logging.getLogger("streamsub.gateway")
 
@@ -25,6 +26,16 @@ DEFAULT_HTTP_ADDRESS = "127.0.0.1:8086"
 """REST and gRPC-Web."""
 DEFAULT_PARTITIONS = 16
 """Partitions of topics created through the gateway."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GatewayStatistics:
+    """A snapshot of a gateway's counters."""
+
+    streams_open: int
+    """StreamingPull calls being served now."""
+    streams_opened: int
+    """StreamingPull calls served since start."""
 
 
 class Gateway:
@@ -62,6 +73,7 @@ class Gateway:
         self._grpc: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         self.grpc_port = 0
+        self._streams_opened = 0
 
     @property
     def url(self) -> str:
@@ -95,8 +107,18 @@ class Gateway:
         if self._grpc is not None:
             await self._grpc.stop(self._grace)
         await service.close()
+        self._streams_opened = service.streams_opened
         self._stopped.set()
         log.info("streamsub gateway: stopped")
+
+    def statistics(self) -> GatewayStatistics:
+        """A snapshot of this gateway's counters."""
+        service = self._service
+        if service is None:
+            return GatewayStatistics(streams_open=0, streams_opened=self._streams_opened)
+        return GatewayStatistics(
+            streams_open=service.streams, streams_opened=service.streams_opened
+        )
 
     async def wait_closed(self) -> None:
         """Return once ``stop()`` has finished."""

@@ -89,6 +89,7 @@ class PubSubService:
         self.closing = asyncio.Event()
         self._unary_pullers: dict[str, Puller] = {}
         self.streams = 0
+        self.streams_opened = 0
         self.no_streams = asyncio.Event()
         self.no_streams.set()
 
@@ -541,6 +542,7 @@ class PubSubService:
         )
         stream = _Stream(self, first.subscription, view, puller)
         self.streams += 1
+        self.streams_opened += 1
         self.no_streams.clear()
         log.debug(
             "stream %s opened for %s (client %s)", puller.consumer, view.name, first.client_id
