@@ -57,6 +57,8 @@ _LEASE_TICK = (0.05, 2.0)
 """Bounds of the lease table's period (a quarter of the ack deadline)."""
 _RECLAIM_EVERY = (0.05, 5.0)
 """Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
+_DRY_BLOCK_MS = 100
+"""How long a read of some partitions waits once a whole round found nothing."""
 
 
 def format_ack_id(partition: int, entry_id: str, attempt: int, consumer: str) -> str:
@@ -282,6 +284,13 @@ class Adapter:
                 )
             named[key].append(ack_id)
         deadline_ms = int(view.ack_deadline * 1000)
+        if items:
+            # Redeliver when the backoff ends, not at the next periodic sweep.
+            soonest = min(d for p in items.values() for e in p.values() for _, d, _, _ in e)
+            due = self._clock() + soonest / 1000
+            for puller in self._pullers:
+                if puller.view.name == view.name:
+                    puller.sweep_by(due)
         for consumer, by_partition in items.items():
             # Owner-checked by consumer only: the delivery count is checked when
             # the backend's nack takes the expected attempt.
@@ -459,6 +468,7 @@ class Puller:
         self._cursors: dict[int, str] = {}
         self._next_sweep = 0.0
         self._next_partition = 0
+        self._dry = 0
         self.delivered = 0
         self.redelivered = 0
         self.dead_lettered = 0
@@ -467,6 +477,10 @@ class Puller:
     def outstanding(self) -> int:
         """Deliveries of this puller not yet acked, nacked or lapsed."""
         return len(self._outstanding)
+
+    def sweep_by(self, moment: float) -> None:
+        """Look for reclaimable entries no later than ``moment`` (monotonic)."""
+        self._next_sweep = min(self._next_sweep, moment)
 
     def released(self, delivery: _Delivery) -> None:
         key = (delivery.partition, delivery.entry_id)
@@ -495,17 +509,34 @@ class Puller:
             received = await self._reclaim(budget)
             if received:
                 return received
-        partitions = list(range(view.topic.partitions))
-        if budget >= len(partitions):
-            count = budget // len(partitions)
-        else:  # fewer slots than partitions: one each from the next ``budget`` of them
+        total = view.topic.partitions
+        if budget >= total:
+            partitions, block = list(range(total)), block_ms
+        else:
+            # Fewer slots than partitions: one entry from each of the next
+            # ``budget`` partitions, so no read takes more than the budget. A
+            # subset is read without waiting until a whole round found nothing.
             start = self._next_partition
-            partitions = [(start + i) % len(partitions) for i in range(budget)]
-            self._next_partition = (start + budget) % view.topic.partitions
-            count = 1
-        entries = await self._adapter._backend.read(
-            view.topic, view.name, self.consumer, partitions, count, max(1, block_ms)
-        )
+            partitions = [(start + i) % total for i in range(budget)]
+            self._next_partition = (start + budget) % total
+            block = min(block_ms, _DRY_BLOCK_MS) if self._dry * budget >= total else 1
+        entries: list[Entry] = []
+        while True:
+            count = budget // len(partitions)
+            got = await self._adapter._backend.read(
+                view.topic, view.name, self.consumer, partitions, count, max(1, block)
+            )
+            entries += got
+            budget -= len(got)
+            # Partitions that gave all they were asked may hold more: ask them
+            # again at once for the rest of the budget (publishers fill a few
+            # partitions at a time, so an even split alone leaves slots idle).
+            per_partition = collections.Counter(entry.partition for entry in got)
+            partitions = [p for p in partitions if per_partition[p] == count][:budget]
+            if not partitions:
+                break
+            block = 1
+        self._dry = 0 if entries else self._dry + 1
         self.delivered += len(entries)
         return await self._accept(entries, None)
 
@@ -514,18 +545,25 @@ class Puller:
         adapter = self._adapter
         if not self._cursors:
             self._cursors = dict.fromkeys(range(view.topic.partitions), "-")
-        count = max(1, budget // max(1, len(self._cursors)))
+        # Never more than the budget: with fewer slots than partitions to scan,
+        # this call scans only as many partitions as there are slots.
+        scan = dict(itertools.islice(self._cursors.items(), budget))
+        count = max(1, budget // len(scan))
         attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
         found, cursors = await adapter._backend.reclaim(
             view.topic,
             view.name,
             self.consumer,
-            self._cursors,
+            scan,
             int(view.ack_deadline * 1000),
             count,
             attempts,
         )
-        self._cursors = {p: c for p, c in cursors.items() if c != "0-0"}
+        for partition, cursor in cursors.items():
+            if cursor == "0-0":
+                del self._cursors[partition]
+            else:
+                self._cursors[partition] = cursor
         if not self._cursors:
             interval = min(max(view.ack_deadline / 4, _RECLAIM_EVERY[0]), _RECLAIM_EVERY[1])
             self._next_sweep = adapter._clock() + interval
