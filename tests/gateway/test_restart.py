@@ -40,7 +40,11 @@ class GatewayProcess:
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        wait_for(lambda: any("gRPC on" in line for line in self.lines), 20, "the gateway's start")
+        try:
+            wait_for(lambda: any("gRPC on" in line for line in self.lines), 20, "its start")
+        except BaseException:
+            self.process.kill()
+            raise
 
     def _read(self) -> None:
         assert self.process.stderr is not None
@@ -97,13 +101,12 @@ def test_sigterm_and_restart_during_streaming_pull_lose_nothing(
             published |= {f.result() for f in [publisher.publish(topic, b"c") for _ in range(200)]}
         wait_for(lambda: received >= published, 90, "every published message")
         assert future.running()
+        assert second.terminate() == 0
     finally:
         future.cancel()
-        future.result(timeout=30)
         subscriber.close()
         publisher.stop()
-        if second is not None:
-            second.terminate()
-        if first.process.poll() is None:
-            first.process.kill()
+        for gateway in (first, second):
+            if gateway is not None and gateway.process.poll() is None:
+                gateway.process.kill()
     assert len(published) == 3500

@@ -48,12 +48,13 @@ def status_message(exc: RpcError) -> Any:
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: RpcError) -> NoReturn:
-    details = status_message(exc).SerializeToString()
-    await context.abort(
-        grpc.StatusCode[exc.code.name],
-        exc.message,
-        trailing_metadata=(("grpc-status-details-bin", details),),
-    )
+    # Details only where there are some: clients check that the Status in the
+    # trailer matches the call's code, and a call cancelled while it ends (the
+    # server stopping) would then fail that check in the client's callback.
+    trailer: tuple[tuple[str, bytes], ...] = ()
+    if exc.ack_errors:
+        trailer = (("grpc-status-details-bin", status_message(exc).SerializeToString()),)
+    await context.abort(grpc.StatusCode[exc.code.name], exc.message, trailing_metadata=trailer)
     raise AssertionError("abort returns by raising")  # pragma: no cover
 
 

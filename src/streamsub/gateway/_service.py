@@ -41,6 +41,8 @@ _RESPONSE_BYTES = 3 * 2**20
 """A streaming response is cut below gRPC's default 4 MiB message limit."""
 _ACK_FAILURE = "PERMANENT_FAILURE_INVALID_ACK_ID"
 _DELETED_TOPIC = "_deleted-topic_"
+_background: set[asyncio.Task[None]] = set()
+"""Tasks that end by themselves, referenced until they do."""
 _END = object()
 """Put in a stream's outbox after its last response."""
 
@@ -589,9 +591,14 @@ class _Stream:
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._guard(self._read())),
-            loop.create_task(self._guard(self._requests(requests))),
             loop.create_task(self._guard(self._watch())),
         ]
+        # Not cancelled at the end: cancelling a read of the request stream
+        # cancels the whole call, and clients treat CANCELLED as final. It ends
+        # by itself when the call does.
+        self._request_task = loop.create_task(self._guard(self._requests(requests)))
+        _background.add(self._request_task)
+        self._request_task.add_done_callback(_background.discard)
         while True:
             response = await self._outbox.get()
             if response is _END:
@@ -610,6 +617,8 @@ class _Stream:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self._ended.is_set():
+                return  # the call is over, and reading its requests says so
             log.exception("streamsub gateway: a stream failed")
             self._end(RpcError(Code.INTERNAL, f"the gateway failed: {exc}"))
 
