@@ -818,6 +818,9 @@ def gateway(
     grpc_address: Annotated[
         str, typer.Option("--grpc", help="HOST:PORT for gRPC (PUBSUB_EMULATOR_HOST).")
     ] = "127.0.0.1:8085",
+    http_address: Annotated[
+        str, typer.Option("--http", help="HOST:PORT for REST and gRPC-Web ('off': none).")
+    ] = "127.0.0.1:8086",
     partitions: Annotated[
         int, typer.Option("--partitions", min=1, help="Partitions of topics created here.")
     ] = 16,
@@ -844,7 +847,12 @@ def gateway(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        server = Gateway(redis, grpc_address=grpc_address, partitions=partitions)
+        server = Gateway(
+            redis,
+            grpc_address=grpc_address,
+            http_address=None if http_address == "off" else http_address,
+            partitions=partitions,
+        )
         await server.start()
         try:
             await stop.wait()

@@ -25,7 +25,9 @@ class GatewayThread:
 
     def __init__(self, url: str, **options: Any) -> None:
         self.loop = asyncio.new_event_loop()
-        self.gateway = Gateway(url, grpc_address="127.0.0.1:0", **options)
+        self.gateway = Gateway(
+            url, grpc_address="127.0.0.1:0", http_address="127.0.0.1:0", **options
+        )
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.call(self.gateway.start())
@@ -37,6 +39,10 @@ class GatewayThread:
     @property
     def host(self) -> str:
         return f"127.0.0.1:{self.gateway.grpc_port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.http_port}"
 
     def stop(self) -> None:
         self.call(self.gateway.stop())

@@ -34,7 +34,10 @@ class GatewayProcess:
         command = Path(sys.executable).parent / "streamsub"
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [str(command), "gateway", "--redis", url, "--grpc", f"127.0.0.1:{port}"],
+            [
+                *(str(command), "gateway", "--redis", url),
+                *("--grpc", f"127.0.0.1:{port}", "--http", "127.0.0.1:0"),
+            ],
             stderr=subprocess.PIPE,
             text=True,
         )
