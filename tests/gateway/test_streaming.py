@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as sub_exceptions
 from google.cloud.pubsub_v1.types import FlowControl, PublisherOptions
@@ -183,44 +184,48 @@ def test_dead_letter_policy_counts_attempts_and_moves_the_message(
 
 
 def test_exactly_once_ack_after_the_lease_moved_fails(
-    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    redis_client: redis.Redis,
 ) -> None:
-    """With exactly-once delivery, acking a delivery whose lease went to another
-    delivery fails with INVALID_ACK_ID; the new delivery's ack succeeds."""
+    """With exactly-once delivery, acking a delivery whose lease moved to a newer
+    delivery fails with INVALID_ACK_ID; the newer delivery's ack succeeds."""
     topic, name = _setup(publisher, subscriber, project, enable_exactly_once_delivery=True)
     message_id = publisher.publish(topic, b"once").result()
+    partition, entry_id = message_id.split("-", 1)
+    stream, group = f"ss:{{{project}~orders.{partition}}}", f"{project}~billing"
     held: list[Any] = []
-    moved: list[Any] = []
 
     def callback(message: Any) -> None:
         held.append(message)
+
+    def delivery_count() -> int:
+        pending = redis_client.xpending_range(stream, group, entry_id, entry_id, 1)
+        return int(pending[0]["times_delivered"]) if pending else 0
 
     future = subscriber.subscribe(name, callback, flow_control=FlowControl(max_messages=1))
     try:
         wait_for(lambda: held, 30, "the first delivery")
         first = held[0]
         assert first.message_id == message_id
-        # Another consumer takes the message: the first lease is given back...
+        # The lease moves: the first delivery is given back and delivered anew.
         subscriber.modify_ack_deadline(
             subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0
         )
-
-        # ...and a unary pull delivers it again.
-        def pulled() -> bool:
-            moved.extend(
-                subscriber.pull(subscription=name, max_messages=1, timeout=10).received_messages
-            )
-            return bool(moved)
-
-        wait_for(pulled, 30, "the second delivery")
-        assert moved[0].message.message_id == message_id
+        wait_for(lambda: delivery_count() == 2, 30, "the second delivery")
         with pytest.raises(sub_exceptions.AcknowledgeError) as failure:
             first.ack_with_response().result(timeout=30)
         assert failure.value.error_code == sub_exceptions.AcknowledgeStatus.INVALID_ACK_ID
-        subscriber.acknowledge(subscription=name, ack_ids=[moved[0].ack_id])
+        wait_for(lambda: len(held) == 2, 30, "the second delivery in the callback")
+        assert held[1].message_id == message_id
+        assert held[1].ack_with_response().result(timeout=30) == (
+            sub_exceptions.AcknowledgeStatus.SUCCESS
+        )
     finally:
         future.cancel()
         future.result(timeout=30)
+    assert delivery_count() == 0
     assert not subscriber.pull(subscription=name, max_messages=10).received_messages
 
 

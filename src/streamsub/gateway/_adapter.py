@@ -58,7 +58,7 @@ _LEASE_TICK = (0.05, 2.0)
 _RECLAIM_EVERY = (0.05, 5.0)
 """Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
 _DRY_BLOCK_MS = 100
-"""How long a read of some partitions waits once a whole round found nothing."""
+"""How long a read of some partitions waits after a round over all found nothing."""
 
 
 def format_ack_id(partition: int, entry_id: str, attempt: int, consumer: str) -> str:
@@ -468,7 +468,6 @@ class Puller:
         self._cursors: dict[int, str] = {}
         self._next_sweep = 0.0
         self._next_partition = 0
-        self._dry = 0
         self.delivered = 0
         self.redelivered = 0
         self.dead_lettered = 0
@@ -511,16 +510,28 @@ class Puller:
                 return received
         total = view.topic.partitions
         if budget >= total:
-            partitions, block = list(range(total)), block_ms
+            entries = await self._read(list(range(total)), budget, block_ms)
         else:
             # Fewer slots than partitions: one entry from each of the next
-            # ``budget`` partitions, so no read takes more than the budget. A
-            # subset is read without waiting until a whole round found nothing.
-            start = self._next_partition
-            partitions = [(start + i) % total for i in range(budget)]
-            self._next_partition = (start + budget) % total
-            block = min(block_ms, _DRY_BLOCK_MS) if self._dry * budget >= total else 1
+            # ``budget`` partitions, so no read takes more than the budget; a
+            # round over every partition without waiting, then one that waits.
+            entries = []
+            rounds = -(-total // budget)
+            for round_number in range(rounds + 1):
+                start = self._next_partition
+                partitions = [(start + i) % total for i in range(budget)]
+                self._next_partition = (start + budget) % total
+                block = min(block_ms, _DRY_BLOCK_MS) if round_number == rounds else 1
+                entries = await self._read(partitions, budget, block)
+                if entries:
+                    break
+        self.delivered += len(entries)
+        return await self._accept(entries, None)
+
+    async def _read(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
+        view = self.view
         entries: list[Entry] = []
+        block = block_ms
         while True:
             count = budget // len(partitions)
             got = await self._adapter._backend.read(
@@ -534,11 +545,8 @@ class Puller:
             per_partition = collections.Counter(entry.partition for entry in got)
             partitions = [p for p in partitions if per_partition[p] == count][:budget]
             if not partitions:
-                break
+                return entries
             block = 1
-        self._dry = 0 if entries else self._dry + 1
-        self.delivered += len(entries)
-        return await self._accept(entries, None)
 
     async def _reclaim(self, budget: int) -> list[Received]:
         view = self.view

@@ -466,9 +466,14 @@ class PubSubService:
             self._unary_pullers[view.name] = puller
         puller.view = view
         puller.deadline = view.ack_deadline
-        block = 1 if request.return_immediately else _PULL_BLOCK_MS
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (0 if request.return_immediately else _PULL_BLOCK_MS / 1000)
         try:
-            items = await puller.pull(block, limit=request.max_messages)
+            while True:
+                remaining_ms = int((deadline - loop.time()) * 1000)
+                items = await puller.pull(max(1, remaining_ms), limit=request.max_messages)
+                if items or remaining_ms <= 0:
+                    break
         except StreamsubError as exc:
             raise from_streamsub(exc) from None
         return pb.PullResponse(received_messages=self._received(view, items))
