@@ -102,7 +102,14 @@ def test_sigterm_and_restart_during_streaming_pull_lose_nothing(
         published |= {f.result(timeout=60) for f in in_flight}
         for _ in range(5):
             published |= {f.result() for f in [publisher.publish(topic, b"c") for _ in range(200)]}
-        wait_for(lambda: received >= published, 90, "every published message")
+        try:
+            wait_for(lambda: received >= published, 90, "every published message")
+        except AssertionError as exc:
+            missing = sorted(published - received)
+            raise AssertionError(
+                f"{exc}: {len(missing)} missing (e.g. {missing[:5]}), streaming pull "
+                f"running={future.running()}, gateway log: {''.join(second.lines)[-3000:]}"
+            ) from None
         assert future.running()
         assert second.terminate() == 0
     finally:

@@ -350,3 +350,61 @@ def test_streams_end_at_their_lifetime_without_losing_messages(
         subscriber.close()
         publisher.stop()
         gateway.stop()
+
+
+def test_acks_and_modacks_on_the_stream_are_confirmed_under_exactly_once(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Acks and modacks sent on the stream itself (as Java's client does) settle
+    messages, and under exactly-once delivery each is confirmed on the stream, with
+    stale ack ids listed as invalid."""
+    topic, name = _setup(publisher, subscriber, project, enable_exactly_once_delivery=True)
+    ids = {f.result() for f in [publisher.publish(topic, b"j%d" % i) for i in range(30)]}
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=100
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 30, 30, "30 messages")
+        messages = stream.messages()
+        assert {m.message.message_id for m in messages} == ids
+        assert all(
+            r.subscription_properties.exactly_once_delivery_enabled for r in stream.responses
+        )
+        ack_ids = [m.ack_id for m in messages]
+        stream.send(
+            gapic.StreamingPullRequest(
+                modify_deadline_ack_ids=ack_ids[:10], modify_deadline_seconds=[120] * 10
+            )
+        )
+        wait_for(
+            lambda: any(r.modify_ack_deadline_confirmation.ack_ids for r in stream.responses),
+            10,
+            "the modack confirmation",
+        )
+        stale = ack_ids[0].replace("/1/", "/7/", 1)
+        stream.send(gapic.StreamingPullRequest(ack_ids=[*ack_ids, stale]))
+        wait_for(
+            lambda: any(r.acknowledge_confirmation.ack_ids for r in stream.responses),
+            10,
+            "the ack confirmation",
+        )
+        confirmation = next(
+            r.acknowledge_confirmation
+            for r in stream.responses
+            if r.acknowledge_confirmation.ack_ids
+        )
+        assert sorted(confirmation.ack_ids) == sorted(ack_ids)
+        assert list(confirmation.invalid_ack_ids) == [stale]
+        modacked = next(
+            r.modify_ack_deadline_confirmation
+            for r in stream.responses
+            if r.modify_ack_deadline_confirmation.ack_ids
+        )
+        assert sorted(modacked.ack_ids) == sorted(ack_ids[:10])
+    finally:
+        stream.close()
+    assert stream.error is None
+    assert not subscriber.pull(subscription=name, max_messages=10).received_messages

@@ -57,6 +57,9 @@ _LEASE_TICK = (0.05, 2.0)
 """Bounds of the lease table's period (a quarter of the ack deadline)."""
 _RECLAIM_EVERY = (0.05, 5.0)
 """Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
+_CONSUMER_EXPIRY = 3600.0
+"""A consumer (one per stream) idle this long and holding nothing is deleted."""
+_CONSUMER_SWEEP_EVERY = 600.0
 _DRY_BLOCK_MS = 100
 """How long a read of some partitions waits after a round over all found nothing."""
 
@@ -145,6 +148,7 @@ class Adapter:
         self._prefix = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._numbers = itertools.count(1)
         self._pullers: set[Puller] = set()
+        self._consumer_sweeps: dict[str, float] = {}
 
     def new_consumer(self, kind: str) -> str:
         """A consumer name unique to this process (stable parts first, for humans)."""
@@ -331,9 +335,23 @@ class Adapter:
         self._pullers.add(puller)
         return puller
 
-    async def delete_idle_consumers(self, view: SubscriptionView, min_idle_ms: int) -> None:
-        """Delete the group's consumers that hold nothing and were idle that long."""
-        await self._backend.delete_idle_consumers(view.topic, view.name, "", min_idle_ms)
+    async def delete_idle_consumers(self, view: SubscriptionView) -> None:
+        """Delete the group's consumers that hold nothing and were idle for
+        ``_CONSUMER_EXPIRY`` (every stream reads as a consumer of its own), at
+        most once per ``_CONSUMER_SWEEP_EVERY`` per subscription."""
+        now = self._clock()
+        if now < self._consumer_sweeps.get(view.name, 0.0):
+            return
+        self._consumer_sweeps[view.name] = now + _CONSUMER_SWEEP_EVERY
+        try:
+            deleted = await self._backend.delete_idle_consumers(
+                view.topic, view.name, "", int(_CONSUMER_EXPIRY * 1000)
+            )
+        except StreamsubError as exc:
+            log.warning("streamsub gateway: deleting idle consumers failed: %s", exc)
+            return
+        if deleted:
+            log.info("streamsub gateway: deleted %d idle consumers of %r", len(deleted), view.name)
 
     async def close(self) -> None:
         """Stop every lease table and give back every delivery still leased here,

@@ -539,6 +539,7 @@ class PubSubService:
             "stream_ack_deadline_seconds", first.stream_ack_deadline_seconds, (10, 600)
         )
         view = await self._view(first.subscription)
+        await self.adapter.delete_idle_consumers(view)
         settings = self.stream_settings
         puller = self.adapter.puller(
             view,
