@@ -17,6 +17,7 @@ __all__ = [
     "Backend",
     "Entry",
     "GroupInfo",
+    "LeaseMode",
     "ReclaimState",
     "Reclaimed",
     "SubscriptionRecord",
@@ -54,6 +55,8 @@ class Entry(NamedTuple):
 
 
 ReclaimState = Literal["deliver", "exhausted", "lost"]
+LeaseMode = Literal["set", "extend", "end"]
+"""How ``Backend.lease_deliveries`` treats an entry's idle time (the gateway's)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -247,11 +250,15 @@ class Backend(Protocol):
         self,
         topic: TopicRecord,
         group: str,
-        items: Mapping[int, Sequence[tuple[str, str, int, int]]],
+        items: Mapping[int, Sequence[tuple[str, str, int, int, LeaseMode]]],
+        min_idle_ms: int,
     ) -> dict[int, list[str]]:
-        """Set the idle time (ms) of each (id, consumer, delivery count, idle ms) only
-        while the pending list still shows that consumer and that count, without
-        counting a delivery; return the ids whose idle time was set."""
+        """Set the idle time (ms) of each (id, consumer, delivery count, idle ms,
+        mode) only while the pending list still shows that consumer and that count,
+        without counting a delivery; return the ids whose idle time was set.
+        ``"set"`` sets it; ``"extend"`` resets it to 0 only while it is below
+        ``min_idle_ms`` (the lease runs); ``"end"`` raises it to the given value,
+        never lowers it."""
         ...
 
     async def update_subscription(self, record: SubscriptionRecord) -> bool:

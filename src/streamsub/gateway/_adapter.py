@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
-from .._backends.base import Backend, Entry, SubscriptionRecord, TopicRecord
+from .._backends.base import Backend, Entry, LeaseMode, SubscriptionRecord, TopicRecord
 from .._core.codec import UndecodableEntry, decode
 from .._core.deadletter import UNDECODABLE, dead_letter_message
 from .._core.partition import partition_for_key
@@ -240,7 +240,9 @@ class Adapter:
         deadline_ms = int(view.ack_deadline * 1000)
         idle_ms = max(0, deadline_ms - int(seconds * 1000))
         failed: list[str] = []
-        by_partition: dict[int, list[tuple[str, str, int, int]]] = collections.defaultdict(list)
+        by_partition: dict[int, list[tuple[str, str, int, int, LeaseMode]]] = (
+            collections.defaultdict(list)
+        )
         named: dict[_Key, list[str]] = collections.defaultdict(list)
         for ack_id in ack_ids:
             parsed = parse_ack_id(ack_id)
@@ -248,11 +250,13 @@ class Adapter:
                 failed.append(ack_id)
                 continue
             partition, entry_id, attempt, consumer = parsed
-            by_partition[partition].append((entry_id, consumer, attempt, idle_ms))
+            by_partition[partition].append((entry_id, consumer, attempt, idle_ms, "set"))
             named[(partition, entry_id)].append(ack_id)
         if not by_partition:
             return failed
-        leased = await self._backend.lease_deliveries(view.topic, view.name, by_partition)
+        leased = await self._backend.lease_deliveries(
+            view.topic, view.name, by_partition, deadline_ms
+        )
         done = {(p, i) for p, ids in leased.items() for i in ids}
         table = self._table(view)
         for key, ids in named.items():
@@ -430,7 +434,9 @@ class _LeaseTable:
     async def _tick(self, deadline: float) -> None:
         now = self._adapter._clock()
         deadline_ms = int(deadline * 1000)
-        updates: dict[int, list[tuple[str, str, int, int]]] = collections.defaultdict(list)
+        updates: dict[int, list[tuple[str, str, int, int, LeaseMode]]] = collections.defaultdict(
+            list
+        )
         sent: list[_Delivery] = []
         for key, d in list(self._deliveries.items()):
             remaining = d.lease_end - now
@@ -438,20 +444,21 @@ class _LeaseTable:
                 if remaining <= 0:  # lapsed: the reclaimers may take it now
                     self.drop(key)
                 continue
+            mode: LeaseMode
             if remaining <= deadline:
                 idle_ms = min(deadline_ms, max(0, deadline_ms - int(remaining * 1000)))
-                d.final = True
+                d.final, mode = True, "end"
             elif now - d.set_at >= deadline / 3:
-                idle_ms = 0
+                idle_ms, mode = 0, "extend"
             else:
                 continue
             d.set_at = now
-            updates[d.partition].append((d.entry_id, d.consumer, d.attempt, idle_ms))
+            updates[d.partition].append((d.entry_id, d.consumer, d.attempt, idle_ms, mode))
             sent.append(d)
         if not sent:
             return
         leased = await self._adapter._backend.lease_deliveries(
-            self.view.topic, self.view.name, updates
+            self.view.topic, self.view.name, updates, deadline_ms
         )
         done = {(p, i) for p, ids in leased.items() for i in ids}
         for d in sent:
@@ -523,9 +530,14 @@ class Puller:
         view = self.view
         now = self._adapter._clock()
         if now >= self._next_sweep:
-            received = await self._reclaim(budget)
-            if received:
-                return received
+            # A sweep scans at most ``budget`` partitions per call; go on until it
+            # finds something or has seen every partition.
+            while True:
+                received = await self._reclaim(budget)
+                if received:
+                    return received
+                if not self._cursors:
+                    break
         total = view.topic.partitions
         if budget >= total:
             entries = await self._read(list(range(total)), budget, block_ms)

@@ -16,7 +16,15 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
 from ..._errors import BackendError, InvalidArgumentError, TopicNotFoundError, UnavailableError
-from ..base import Entry, GroupInfo, Reclaimed, ReclaimState, SubscriptionRecord, TopicRecord
+from ..base import (
+    Entry,
+    GroupInfo,
+    LeaseMode,
+    Reclaimed,
+    ReclaimState,
+    SubscriptionRecord,
+    TopicRecord,
+)
 from . import _keys
 from ._in_order import InOrderConnection
 
@@ -546,7 +554,12 @@ class RedisBackend:
     # --- gateway (streamsub.gateway) ---------------------------------------------
     # Appended for the Pub/Sub gateway; the receiver's data path does not use them.
     async def _delivery_calls(
-        self, script_name: str, topic: TopicRecord, group: str, items: Mapping[int, Sequence[Any]]
+        self,
+        script_name: str,
+        topic: TopicRecord,
+        group: str,
+        items: Mapping[int, Sequence[Any]],
+        extra: Sequence[Any] = (),
     ) -> dict[int, list[str]]:
         # Loaded lazily: the constructor belongs to the receiver's data path.
         scripts: dict[str, _Script] = self.__dict__.setdefault("_gateway_scripts", {})
@@ -557,7 +570,7 @@ class RedisBackend:
         for partition, deliveries in items.items():
             stream, _, times = self._companions(topic, partition, group)
             keys = [stream, times] if script_name == "delivery_ack.lua" else [stream]
-            args: list[Any] = [group]
+            args: list[Any] = [group, *extra]
             for delivery in deliveries:
                 args += delivery
             calls.append((partition, keys, args))
@@ -577,9 +590,10 @@ class RedisBackend:
         self,
         topic: TopicRecord,
         group: str,
-        items: Mapping[int, Sequence[tuple[str, str, int, int]]],
+        items: Mapping[int, Sequence[tuple[str, str, int, int, LeaseMode]]],
+        min_idle_ms: int,
     ) -> dict[int, list[str]]:
-        return await self._delivery_calls("delivery_lease.lua", topic, group, items)
+        return await self._delivery_calls("delivery_lease.lua", topic, group, items, (min_idle_ms,))
 
     async def update_subscription(self, record: SubscriptionRecord) -> bool:
         key = _keys.subscription_key(record.name)
