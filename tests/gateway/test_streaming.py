@@ -408,3 +408,34 @@ def test_acks_and_modacks_on_the_stream_are_confirmed_under_exactly_once(
         stream.close()
     assert stream.error is None
     assert not subscriber.pull(subscription=name, max_messages=10).received_messages
+
+
+def test_server_honours_max_outstanding_bytes(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """With max_outstanding_bytes of 3,000 and 300-byte messages, the gateway holds no
+    more than 3,000 bytes out until some are acked."""
+    topic, name = _setup(publisher, subscriber, project)
+    for future in [publisher.publish(topic, bytes(300)) for i in range(100)]:
+        future.result()
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name,
+            stream_ack_deadline_seconds=60,
+            max_outstanding_messages=1000,
+            max_outstanding_bytes=3000,
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 5, 30, "the first messages")
+        time.sleep(1.0)  # the gateway would deliver more now if it did not count bytes
+        held = len(stream.messages())
+        assert 5 <= held <= 10
+        subscriber.acknowledge(subscription=name, ack_ids=[m.ack_id for m in stream.messages()])
+        wait_for(lambda: len(stream.messages()) > held, 30, "more after the acks")
+        time.sleep(0.5)
+        assert len(stream.messages()) - held <= 10
+    finally:
+        stream.close()
+    assert stream.error is None

@@ -57,6 +57,8 @@ _LEASE_TICK = (0.05, 2.0)
 """Bounds of the lease table's period (a quarter of the ack deadline)."""
 _RECLAIM_EVERY = (0.05, 5.0)
 """Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
+_ASSUMED_SIZE = 1024
+"""Bytes per message assumed for the byte limit until sizes have been seen."""
 _CONSUMER_EXPIRY = 3600.0
 """A consumer (one per stream) idle this long and holding nothing is deleted."""
 _CONSUMER_SWEEP_EVERY = 600.0
@@ -489,6 +491,7 @@ class Puller:
         self.closed = False
         self._outstanding: dict[_Key, _Delivery] = {}
         self._bytes = 0
+        self._average_size = float(_ASSUMED_SIZE)
         self.room = asyncio.Event()
         self._cursors: dict[int, str] = {}
         self._next_sweep = 0.0
@@ -514,10 +517,20 @@ class Puller:
             self.room.set()
 
     def budget(self) -> int:
-        """How many messages may be delivered now (0 when a limit is reached)."""
-        if self._bytes >= self.max_bytes:
+        """How many messages may be delivered now (0 when a limit is reached).
+
+        The byte limit counts as many messages as fit at the average size seen
+        so far (sizes are known only once read), and at least one while
+        nothing is outstanding, so that a message larger than the limit still
+        goes out, alone.
+        """
+        free_bytes = self.max_bytes - self._bytes
+        if free_bytes <= 0:
             return 0
-        return max(0, self.max_messages - len(self._outstanding))
+        by_bytes = int(free_bytes // self._average_size)
+        if by_bytes == 0 and not self._outstanding:
+            by_bytes = 1
+        return max(0, min(self.max_messages - len(self._outstanding), by_bytes))
 
     async def pull(self, block_ms: int, limit: int | None = None) -> list[Received]:
         """Up to the free budget (and ``limit``) of messages: reclaimed ones first
@@ -694,6 +707,7 @@ class Puller:
             if not self.closed:
                 self._outstanding[(entry.partition, entry.entry_id)] = delivery
                 self._bytes += decoded.size
+                self._average_size += (max(decoded.size, 1) - self._average_size) / 16
             ack_id = format_ack_id(
                 entry.partition, entry.entry_id, entry.delivery_count, self.consumer
             )
