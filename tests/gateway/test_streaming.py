@@ -439,3 +439,47 @@ def test_server_honours_max_outstanding_bytes(
     finally:
         stream.close()
     assert stream.error is None
+
+
+def test_ordered_subscription_gives_each_key_to_one_stream_in_order(
+    emulator: str, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Two streams of an ordered subscription share the work, yet each ordering key's
+    messages all go to one stream, in publish order."""
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=PublisherOptions(enable_message_ordering=True)
+    )
+    topic, name = _setup(publisher, subscriber, project, enable_message_ordering=True)
+    waves, per_wave, keys = 6, 300, 30
+    total = waves * per_wave
+    first = gapic.StreamingPullRequest(
+        subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=1000
+    )
+    streams = [_RawStream(subscriber, first), _RawStream(subscriber, first)]
+    try:
+        # In waves, so that each key's messages come in several publish batches
+        # which, without ownership, either stream could take.
+        for wave in range(waves):
+            futures = [
+                publisher.publish(topic, b"o", ordering_key=f"key-{i % keys}", index=str(i))
+                for i in range(wave * per_wave, (wave + 1) * per_wave)
+            ]
+            for future in futures:
+                future.result()
+            time.sleep(0.05)
+        wait_for(lambda: sum(len(s.messages()) for s in streams) >= total, 30, "every message")
+        owner: dict[str, int] = {}
+        for number, stream in enumerate(streams):
+            assert stream.messages(), "one stream got nothing"
+            order: dict[str, list[int]] = collections.defaultdict(list)
+            for item in stream.messages():
+                key = item.message.ordering_key
+                assert owner.setdefault(key, number) == number, f"{key} on both streams"
+                order[key].append(int(item.message.attributes["index"]))
+            for key, indices in order.items():
+                assert indices == sorted(indices), f"{key} out of order"
+        assert len(owner) == keys
+    finally:
+        for stream in streams:
+            stream.close()
+        publisher.stop()

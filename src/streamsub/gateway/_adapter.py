@@ -151,6 +151,7 @@ class Adapter:
         self._numbers = itertools.count(1)
         self._pullers: set[Puller] = set()
         self._consumer_sweeps: dict[str, float] = {}
+        self._members: dict[str, list[Puller]] = {}
 
     def new_consumer(self, kind: str) -> str:
         """A consumer name unique to this process (stable parts first, for humans)."""
@@ -328,8 +329,10 @@ class Adapter:
         max_messages: int,
         max_bytes: int,
         deadline: float,
+        stream: bool = False,
     ) -> Puller:
-        """A reader of ``view`` for one stream (or for unary pulls) as ``consumer``."""
+        """A reader of ``view`` for one stream (``stream``) or for unary pulls, as
+        ``consumer``."""
         puller = Puller(
             self,
             view,
@@ -339,7 +342,39 @@ class Adapter:
             deadline=deadline,
         )
         self._pullers.add(puller)
+        if view.ordering and stream:
+            self._members.setdefault(view.name, []).append(puller)
         return puller
+
+    def partitions_for(self, puller: Puller) -> list[int]:
+        """The partitions ``puller`` may read now.
+
+        Every partition of an ordered subscription is read by one puller of this
+        gateway at a time (partition ``p`` goes to the ``p % n``-th of its ``n``
+        streams here), so one ordering key's messages go to one stream, in
+        order; a partition waits while another puller's deliveries of it (or a
+        closed stream's, whose client may still be handling them) are out; and
+        unary pulls get partitions only while no stream reads the subscription.
+        """
+        total = puller.view.topic.partitions
+        if not puller.view.ordering:
+            return list(range(total))
+        members = self._members.get(puller.view.name) or []
+        if puller in members:
+            index, count = members.index(puller), len(members)
+        elif members:
+            return []  # unary pulls of an ordered subscription wait while streams read it
+        else:
+            index, count = 0, 1
+        table = self._tables.get(puller.view.name)
+        busy = set() if table is None else table.partitions_held_elsewhere(puller)
+        return [p for p in range(index, total, count) if p not in busy]
+
+    def _leave(self, puller: Puller) -> None:
+        self._pullers.discard(puller)
+        members = self._members.get(puller.view.name)
+        if members is not None and puller in members:
+            members.remove(puller)
 
     async def delete_idle_consumers(self, view: SubscriptionView) -> None:
         """Delete the group's consumers that hold nothing and were idle for
@@ -389,6 +424,9 @@ class _LeaseTable:
 
     def get(self, key: _Key) -> _Delivery | None:
         return self._deliveries.get(key)
+
+    def partitions_held_elsewhere(self, puller: Puller) -> set[int]:
+        return {d.partition for d in self._deliveries.values() if d.owner is not puller}
 
     def ack_ids(self) -> list[str]:
         return [
@@ -540,7 +578,6 @@ class Puller:
             budget = min(budget, limit)
         if budget <= 0 or self.closed:
             return []
-        view = self.view
         now = self._adapter._clock()
         if now >= self._next_sweep:
             # A sweep scans at most ``budget`` partitions per call; go on until it
@@ -551,9 +588,13 @@ class Puller:
                     return received
                 if not self._cursors:
                     break
-        total = view.topic.partitions
+        candidates = self._adapter.partitions_for(self)
+        total = len(candidates)
+        if not total:  # an ordered subscription with more streams here than partitions
+            await asyncio.sleep(min(block_ms, _DRY_BLOCK_MS) / 1000)
+            return []
         if budget >= total:
-            entries = await self._read(list(range(total)), budget, block_ms)
+            entries = await self._read(candidates, budget, block_ms)
         else:
             # Fewer slots than partitions: one entry from each of the next
             # ``budget`` partitions, so no read takes more than the budget; a
@@ -561,8 +602,8 @@ class Puller:
             entries = []
             rounds = -(-total // budget)
             for round_number in range(rounds + 1):
-                start = self._next_partition
-                partitions = [(start + i) % total for i in range(budget)]
+                start = self._next_partition % total
+                partitions = [candidates[(start + i) % total] for i in range(budget)]
                 self._next_partition = (start + budget) % total
                 block = min(block_ms, _DRY_BLOCK_MS) if round_number == rounds else 1
                 entries = await self._read(partitions, budget, block)
@@ -594,8 +635,14 @@ class Puller:
     async def _reclaim(self, budget: int) -> list[Received]:
         view = self.view
         adapter = self._adapter
+        allowed = self._adapter.partitions_for(self)
         if not self._cursors:
-            self._cursors = dict.fromkeys(range(view.topic.partitions), "-")
+            self._cursors = dict.fromkeys(allowed, "-")
+        for partition in set(self._cursors) - set(allowed):
+            del self._cursors[partition]  # no longer this puller's (ordered subscriptions)
+        if not self._cursors:
+            self._end_sweep()
+            return []
         # Never more than the budget: with fewer slots than partitions to scan,
         # this call scans only as many partitions as there are slots.
         scan = dict(itertools.islice(self._cursors.items(), budget))
@@ -616,8 +663,7 @@ class Puller:
             else:
                 self._cursors[partition] = cursor
         if not self._cursors:
-            interval = min(max(view.ack_deadline / 4, _RECLAIM_EVERY[0]), _RECLAIM_EVERY[1])
-            self._next_sweep = adapter._clock() + interval
+            self._end_sweep()
         deliver: list[Entry] = []
         first: list[int] = []
         for item in found:
@@ -640,6 +686,11 @@ class Puller:
                 )
         self.redelivered += len(deliver)
         return await self._accept(deliver, first)
+
+    def _end_sweep(self) -> None:
+        deadline = self.view.ack_deadline
+        interval = min(max(deadline / 4, _RECLAIM_EVERY[0]), _RECLAIM_EVERY[1])
+        self._next_sweep = self._adapter._clock() + interval
 
     async def _dead_letter(
         self, entry: Entry, reason: str, first_ms: int | None, last_ms: int | None
@@ -750,7 +801,7 @@ class Puller:
         given back at once; without, their leases run on (the client may still
         ack them on another stream)."""
         self.closed = True
-        self._adapter._pullers.discard(self)
+        self._adapter._leave(self)
         outstanding = list(self._outstanding.values())
         for delivery in outstanding:
             delivery.owner = None

@@ -547,6 +547,7 @@ class PubSubService:
             max_messages=first.max_outstanding_messages or settings.default_max_messages,
             max_bytes=first.max_outstanding_bytes or settings.default_max_bytes,
             deadline=float(first.stream_ack_deadline_seconds),
+            stream=True,
         )
         stream = _Stream(self, first.subscription, view, puller)
         self.streams += 1
