@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as sub_exceptions
 from google.cloud.pubsub_v1.types import FlowControl, PublisherOptions
@@ -483,3 +484,17 @@ def test_ordered_subscription_gives_each_key_to_one_stream_in_order(
         for stream in streams:
             stream.close()
         publisher.stop()
+
+
+def test_deleting_the_subscription_ends_its_streams_with_not_found(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """A subscription deleted while the client streams it ends the stream with
+    NOT_FOUND, which the client reports as its NotFound exception."""
+    _, name = _setup(publisher, subscriber, project)
+    future = subscriber.subscribe(name, lambda message: message.ack())
+    wait_for(lambda: future.running(), 10, "the stream")
+    time.sleep(0.5)  # the stream is open and reading
+    subscriber.delete_subscription(subscription=name)
+    with pytest.raises(exceptions.NotFound):
+        future.result(timeout=30)

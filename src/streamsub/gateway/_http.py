@@ -98,6 +98,11 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, Any, str]] = [
     )
 ]
 
+_UNIMPLEMENTED = re.compile(
+    rf"/v1/(({_SUB}):(seek|modifyPushConfig|detach)|{_PROJECT}/snapshots(/[^/:]+)?)"
+)
+"""Pub/Sub's REST calls the gateway does not serve (yet): 501, not 404."""
+
 _CORS_ALLOW_HEADERS = (
     "content-type, x-grpc-web, x-user-agent, grpc-timeout, authorization, x-goog-api-client"
 )
@@ -227,6 +232,10 @@ class HttpApp:
             return getattr(self._service, rpc), request
         if allowed:
             raise RpcError(Code.INVALID_ARGUMENT, f"{scope['method']} is not allowed on {path}.")
+        if _UNIMPLEMENTED.fullmatch(path):
+            raise RpcError(
+                Code.UNIMPLEMENTED, f"{path} is not implemented by the streamsub gateway."
+            )
         raise RpcError(Code.NOT_FOUND, f"The requested URL {path} was not found on this server.")
 
     # --- gRPC-Web --------------------------------------------------------------

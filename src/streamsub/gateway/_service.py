@@ -651,7 +651,14 @@ class _Stream:
                 if puller.budget() <= 0:
                     await puller.room.wait()
                 continue
-            items = await puller.pull(_STREAM_BLOCK_MS)
+            try:
+                items = await puller.pull(_STREAM_BLOCK_MS)
+            except StreamsubError:
+                # A subscription deleted under the stream fails its reads: say
+                # NOT_FOUND, which clients take as final, not a retryable error.
+                self._service.adapter.forget(self._view.name)
+                await self._service._view(self._resource)
+                raise
             if items:
                 for chunk in _chunks(items):
                     response = pb.StreamingPullResponse(
