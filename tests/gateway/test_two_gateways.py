@@ -72,3 +72,40 @@ def test_ack_on_another_gateway_settles_exactly_that_delivery(
     assert not first.pull(subscription=name, max_messages=1).received_messages
     first.close()
     second.close()
+
+
+def test_a_stopping_gateway_gives_its_leases_back(
+    publisher: pubsub_v1.PublisherClient,
+    gateway: GatewayThread,
+    server: RedisServer,
+    project: str,
+) -> None:
+    """Messages leased through a gateway that stops gracefully are delivered by
+    another gateway at once, not when their 600 s ack deadline ends."""
+    leaving = GatewayThread(server.url)
+    first = _subscriber(leaving.host)
+    topic = f"projects/{project}/topics/orders"
+    name = f"projects/{project}/subscriptions/billing"
+    publisher.create_topic(name=topic)
+    first.create_subscription(request={"name": name, "topic": topic, "ack_deadline_seconds": 600})
+    ids = {f.result() for f in [publisher.publish(topic, b"x") for _ in range(20)]}
+    leased: set[str] = set()
+
+    def pulled_all() -> bool:
+        response = first.pull(subscription=name, max_messages=20)
+        leased.update(m.message.message_id for m in response.received_messages)
+        return leased == ids
+
+    wait_for(pulled_all, 30, "every message leased through the first gateway")
+    first.close()
+    leaving.stop()
+    second = _subscriber(gateway.host)
+    again: set[str] = set()
+
+    def pulled_again() -> bool:
+        response = second.pull(subscription=name, max_messages=20)
+        again.update(m.message.message_id for m in response.received_messages)
+        return again == ids
+
+    wait_for(pulled_again, 30, "every message again through the other gateway")
+    second.close()
