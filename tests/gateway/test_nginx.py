@@ -4,25 +4,28 @@ TLS port, through Debian's nginx started on loopback with a certificate of its o
 from __future__ import annotations
 
 import base64
+import inspect
 import os
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import pytest
+import redis
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 from google.pubsub_v1.types import pubsub
 
+from . import test_streaming
 from .conftest import GatewayThread
 from .test_http import _GRPC_WEB, _frame, _frames
 from .test_streaming import wait_for
@@ -211,3 +214,40 @@ def test_rest_and_grpc_web_through_nginx(https: httpx.Client, project: str) -> N
     )
     assert preflight.status_code == 204
     assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+
+
+@pytest.mark.parametrize(
+    "flow",
+    [
+        test_streaming.test_nack_is_redelivered_without_delivery_attempt,
+        test_streaming.test_dead_letter_policy_counts_attempts_and_moves_the_message,
+        test_streaming.test_exactly_once_ack_after_the_lease_moved_fails,
+    ],
+    ids=["nack", "dead-letter", "exactly-once"],
+)
+def test_streaming_flows_through_nginx(
+    flow: Callable[..., None],
+    front_door: FrontDoor,
+    project: str,
+    redis_client: redis.Redis,
+) -> None:
+    """The nack, dead-letter and exactly-once flows of the official client work the
+    same through nginx with TLS as straight to the gateway."""
+    publisher = pubsub_v1.PublisherClient(
+        transport=PublisherGrpcTransport(channel=front_door.channel())
+    )
+    subscriber = pubsub_v1.SubscriberClient(
+        transport=SubscriberGrpcTransport(channel=front_door.channel())
+    )
+    arguments: dict[str, Any] = {
+        "publisher": publisher,
+        "subscriber": subscriber,
+        "project": project,
+        "redis_client": redis_client,
+    }
+    wanted = inspect.signature(flow).parameters
+    try:
+        flow(**{name: value for name, value in arguments.items() if name in wanted})
+    finally:
+        subscriber.close()
+        publisher.stop()
