@@ -225,3 +225,51 @@ def test_grpc_web_server_stream_delivers_messages(
     )
     assert _frames(acked.content)[1]["grpc-status"] == "0"
     assert http.post(f"/v1/{sub}:pull", json={"maxMessages": 10}).json() == {}
+
+
+def test_grpc_web_text_mode_unary_and_stream(http: httpx.Client, project: str) -> None:
+    """The base64 grpc-web-text form browsers use by default carries a unary call and
+    a server stream, each response chunk base64 on its own."""
+    text = {"content-type": "application/grpc-web-text", "x-grpc-web": "1"}
+    topic = f"projects/{project}/topics/orders"
+    sub = f"projects/{project}/subscriptions/billing"
+    created = http.post(
+        "/google.pubsub.v1.Publisher/CreateTopic",
+        content=base64.b64encode(_frame(pubsub.Topic.pb()(name=topic).SerializeToString())),
+        headers=text,
+    )
+    assert created.headers["content-type"] == "application/grpc-web-text"
+    messages, trailers = _frames(base64.b64decode(created.content))
+    assert pubsub.Topic.pb().FromString(messages[0]).name == topic
+    assert trailers["grpc-status"] == "0"
+    http.put(f"/v1/{sub}", json={"topic": topic})
+    data = [{"data": base64.b64encode(b"t%d" % i).decode()} for i in range(50)]
+    ids = set(http.post(f"/v1/{topic}:publish", json={"messages": data}).json()["messageIds"])
+    first = pubsub.StreamingPullRequest.pb()(subscription=sub, stream_ack_deadline_seconds=60)
+    received: set[str] = set()
+    with http.stream(
+        "POST",
+        "/google.pubsub.v1.Subscriber/StreamingPull",
+        content=base64.b64encode(_frame(first.SerializeToString())),
+        headers=text,
+    ) as response:
+        pending, frames = b"", b""
+        for chunk in response.iter_raw():
+            pending += chunk
+            # Decode whole groups of four characters, as the browser client does.
+            usable = len(pending) - len(pending) % 4
+            decoded, pending = pending[:usable], pending[usable:]
+            frames += b"".join(
+                base64.b64decode(decoded[i : i + 4]) for i in range(0, len(decoded), 4)
+            )
+            while len(frames) >= _FRAME.size:
+                _, length = _FRAME.unpack_from(frames, 0)
+                if len(frames) < _FRAME.size + length:
+                    break
+                payload = frames[_FRAME.size : _FRAME.size + length]
+                frames = frames[_FRAME.size + length :]
+                parsed = pubsub.StreamingPullResponse.pb().FromString(payload)
+                received |= {m.message.message_id for m in parsed.received_messages}
+            if received >= ids:
+                break
+    assert received == ids

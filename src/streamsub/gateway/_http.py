@@ -3,7 +3,8 @@
 REST follows the HTTP rules of google.pubsub.v1 (``PUT /v1/projects/P/topics/T``,
 ``POST /v1/...:publish``, JSON with lowerCamelCase names and base64 ``data``);
 errors are Google's JSON body ``{"error": {"code", "message", "status"}}``.
-gRPC-Web (``application/grpc-web`` and ``+proto``) carries the same methods as
+gRPC-Web (``application/grpc-web``, ``+proto``, and the base64 ``-text`` forms
+browsers use by default) carries the same methods as
 length-prefixed frames, unary and server-streaming (a StreamingPull whose
 single request opens it; acks then come as unary calls), with the status in a
 trailer frame. CORS is answered for browsers, preflight included.
@@ -12,6 +13,7 @@ trailer frame. CORS is answered for browsers, preflight included.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import re
@@ -108,6 +110,12 @@ _CORS_ALLOW_HEADERS = (
 )
 _CORS_EXPOSE_HEADERS = "grpc-status, grpc-message, grpc-status-details-bin"
 _FRAME = struct.Struct(">BI")
+_GRPC_WEB_TYPES = (
+    "application/grpc-web",
+    "application/grpc-web+proto",
+    "application/grpc-web-text",
+    "application/grpc-web-text+proto",
+)
 _TRAILER_FLAG = 0x80
 
 
@@ -242,18 +250,25 @@ class HttpApp:
     async def _grpc_web(
         self, scope: Scope, receive: Receive, send: Send, content_type: str, cors: list[Any]
     ) -> None:
-        if content_type not in ("application/grpc-web", "application/grpc-web+proto"):
-            await self._respond(send, 415, cors, b"only application/grpc-web(+proto) is served")
+        if content_type not in _GRPC_WEB_TYPES:
+            await self._respond(send, 415, cors, b"served: application/grpc-web(-text)(+proto)")
             return
+        # The text forms (browsers' default) carry the same frames in base64.
+        encode = _base64 if "-text" in content_type else _identity
         headers = [*cors, (b"content-type", content_type.encode())]
         path = scope["path"]
         try:
             body = await self._body(receive)
+            if encode is _base64:
+                try:
+                    body = base64.b64decode(body)
+                except ValueError:
+                    raise RpcError(Code.INVALID_ARGUMENT, "The body is not base64.") from None
             messages = _read_frames(body)
             if len(messages) != 1:
                 raise RpcError(Code.INVALID_ARGUMENT, "Expected exactly one request message.")
             if path == "/google.pubsub.v1.Subscriber/StreamingPull":
-                await self._grpc_web_stream(receive, send, headers, messages[0])
+                await self._grpc_web_stream(receive, send, headers, messages[0], encode)
                 return
             unary = self._unary.get(path)
             if unary is None:
@@ -264,7 +279,7 @@ class HttpApp:
             except Exception:
                 raise RpcError(Code.INVALID_ARGUMENT, "The request could not be parsed.") from None
             response = await method(request)
-            body = _frame(0, response.SerializeToString()) + _trailer(Code.OK, "")
+            body = encode(_frame(0, response.SerializeToString()) + _trailer(Code.OK, ""))
             await self._respond(send, 200, headers, body)
         except RpcError as exc:
             trailers_only = [
@@ -272,10 +287,15 @@ class HttpApp:
                 (b"grpc-status", str(int(exc.code)).encode()),
                 (b"grpc-message", urllib.parse.quote(exc.message).encode()),
             ]
-            await self._respond(send, 200, trailers_only, _trailer(exc.code, exc.message))
+            await self._respond(send, 200, trailers_only, encode(_trailer(exc.code, exc.message)))
 
     async def _grpc_web_stream(
-        self, receive: Receive, send: Send, headers: list[Any], first: bytes
+        self,
+        receive: Receive,
+        send: Send,
+        headers: list[Any],
+        first: bytes,
+        encode: Callable[[bytes], bytes],
     ) -> None:
         try:
             request = pb.StreamingPullRequest.FromString(first)
@@ -300,7 +320,7 @@ class HttpApp:
                 if not started:
                     await send({"type": "http.response.start", "status": 200, "headers": headers})
                     started = True
-                chunk = _frame(0, response.SerializeToString())
+                chunk = encode(_frame(0, response.SerializeToString()))
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except RpcError as exc:
             if not started:
@@ -310,7 +330,17 @@ class HttpApp:
             watcher.cancel()
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": _trailer(code, message)})
+        await send({"type": "http.response.body", "body": encode(_trailer(code, message))})
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _base64(data: bytes) -> bytes:
+    """One chunk of a grpc-web-text body: each is padded on its own, which the
+    clients decode four characters at a time."""
+    return base64.b64encode(data)
 
 
 def _frame(flag: int, payload: bytes) -> bytes:
