@@ -15,9 +15,10 @@ from typing import Any, NoReturn
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from .._errors import StreamsubError
 from ._proto import METHODS, pb
 from ._service import PubSubService
-from ._status import Code, RpcError
+from ._status import Code, RpcError, from_streamsub
 
 __all__ = ["grpc_server", "status_message"]
 
@@ -64,6 +65,8 @@ def _unary(method: Callable[[Any], Awaitable[Any]], request: Any, response: Any)
             return await method(message)
         except RpcError as exc:
             await _abort(context, exc)
+        except StreamsubError as exc:  # Redis went away, say: UNAVAILABLE, not UNKNOWN
+            await _abort(context, from_streamsub(exc))
 
     return grpc.unary_unary_rpc_method_handler(
         handle,
@@ -81,6 +84,8 @@ def _streaming_pull(service: PubSubService) -> Any:
                 yield response
         except RpcError as exc:
             await _abort(context, exc)
+        except StreamsubError as exc:
+            await _abort(context, from_streamsub(exc))
 
     return grpc.stream_stream_rpc_method_handler(
         handle,

@@ -24,9 +24,10 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from .._errors import StreamsubError
 from ._proto import METHODS, pb
 from ._service import PubSubService
-from ._status import Code, RpcError
+from ._status import Code, RpcError, from_streamsub
 
 __all__ = ["HttpApp"]
 
@@ -201,8 +202,11 @@ class HttpApp:
     async def _rest(self, scope: Scope, receive: Receive, send: Send, cors: list[Any]) -> None:
         json_headers = [*cors, (b"content-type", b"application/json; charset=utf-8")]
         try:
-            method, request = await self._rest_request(scope, receive)
-            response = await method(request)
+            try:
+                method, request = await self._rest_request(scope, receive)
+                response = await method(request)
+            except StreamsubError as exc:  # Redis went away, say: 503, not 500
+                raise from_streamsub(exc) from None
             body = json_format.MessageToJson(response, indent=None).encode()
             await self._respond(send, 200, json_headers, body)
         except RpcError as exc:
@@ -278,7 +282,10 @@ class HttpApp:
                 request = request_class.FromString(messages[0])
             except Exception:
                 raise RpcError(Code.INVALID_ARGUMENT, "The request could not be parsed.") from None
-            response = await method(request)
+            try:
+                response = await method(request)
+            except StreamsubError as exc:
+                raise from_streamsub(exc) from None
             body = encode(_frame(0, response.SerializeToString()) + _trailer(Code.OK, ""))
             await self._respond(send, 200, headers, body)
         except RpcError as exc:
@@ -322,10 +329,11 @@ class HttpApp:
                     started = True
                 chunk = encode(_frame(0, response.SerializeToString()))
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except RpcError as exc:
+        except (RpcError, StreamsubError) as exc:
+            failure = exc if isinstance(exc, RpcError) else from_streamsub(exc)
             if not started:
-                raise
-            code, message = exc.code, exc.message
+                raise failure from None
+            code, message = failure.code, failure.message
         finally:
             watcher.cancel()
         if not started:
