@@ -195,6 +195,13 @@ class Adapter:
         """Drop the cached view of ``name`` (after an update or delete)."""
         self._views.pop(name, None)
 
+    async def deleted(self, name: str) -> None:
+        """The subscription ``name`` is gone: drop its leases, which settle nothing now."""
+        self.forget(name)
+        table = self._tables.pop(name, None)
+        if table is not None:
+            await table.close()
+
     def _table(self, view: SubscriptionView) -> _LeaseTable:
         table = self._tables.get(view.name)
         if table is None:
@@ -811,4 +818,13 @@ class Puller:
             ack_ids = [
                 format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer) for d in outstanding
             ]
-            await self._adapter._nack(self.view, ack_ids, backoff_delay=False)
+            try:
+                await self._adapter._nack(self.view, ack_ids, backoff_delay=False)
+            except StreamsubError as exc:  # Redis gone, or the subscription deleted
+                log.warning(
+                    "streamsub gateway: could not give back %d leases of %r (%s); they "
+                    "return when their deadlines pass",
+                    len(ack_ids),
+                    self.view.name,
+                    exc,
+                )

@@ -410,7 +410,7 @@ class PubSubService:
         except StreamsubError as exc:
             raise from_streamsub(exc) from None
         await self.backend.set_labels("subscription", native, {})
-        self.adapter.forget(native)
+        await self.adapter.deleted(native)
         puller = self._unary_pullers.pop(native, None)
         if puller is not None:
             await puller.close(hand_back=False)
