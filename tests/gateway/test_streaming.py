@@ -443,7 +443,7 @@ def test_server_honours_max_outstanding_bytes(
 
 
 def test_ordered_subscription_gives_each_key_to_one_stream_in_order(
-    emulator: str, subscriber: pubsub_v1.SubscriberClient, project: str
+    gateway: GatewayThread, subscriber: pubsub_v1.SubscriberClient, project: str
 ) -> None:
     """Two streams of an ordered subscription share the work, yet each ordering key's
     messages all go to one stream, in publish order."""
@@ -456,8 +456,20 @@ def test_ordered_subscription_gives_each_key_to_one_stream_in_order(
     first = gapic.StreamingPullRequest(
         subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=1000
     )
+    opened = gateway.gateway.statistics().streams_opened
     streams = [_RawStream(subscriber, first), _RawStream(subscriber, first)]
     try:
+        # Both streams share the partitions from the start: a stream that joins
+        # later waits for partitions whose messages the other still holds.
+        wait_for(
+            lambda: gateway.gateway.statistics().streams_opened >= opened + 2,
+            10,
+            "both streams to open",
+        )
+        # A read the first stream began alone covers every partition; it ends
+        # within 0.5 s. (What it took would wait for acks before the second
+        # stream took those partitions over, and this test does not ack.)
+        time.sleep(1.0)
         # In waves, so that each key's messages come in several publish batches
         # which, without ownership, either stream could take.
         for wave in range(waves):
