@@ -1316,6 +1316,64 @@ def demo(
         )
 
 
+# --- gateway -------------------------------------------------------------------------
+@app.command()
+def gateway(
+    redis: Annotated[
+        str,
+        typer.Option(
+            "--redis",
+            envvar="STREAMSUB_URL",
+            help="Server URL: redis://host:port/db, rediss://... (TLS), unix:///path/redis.sock.",
+        ),
+    ] = streamsub.DEFAULT_URL,
+    grpc_address: Annotated[
+        str, typer.Option("--grpc", help="HOST:PORT for gRPC (PUBSUB_EMULATOR_HOST).")
+    ] = "127.0.0.1:8085",
+    http_address: Annotated[
+        str, typer.Option("--http", help="HOST:PORT for REST and gRPC-Web ('off': none).")
+    ] = "127.0.0.1:8086",
+    partitions: Annotated[
+        int, typer.Option("--partitions", min=1, help="Partitions of topics created here.")
+    ] = 16,
+) -> None:
+    """Serve the Google Cloud Pub/Sub API (google.pubsub.v1) on streamsub.
+
+    Point PUBSUB_EMULATOR_HOST at the gRPC address and the official Pub/Sub
+    clients work unchanged. SIGTERM or Ctrl-C stops it gracefully: streams are
+    closed and their leases given back.
+    """
+    import logging
+
+    try:
+        from .gateway import Gateway
+    except ImportError as exc:
+        fail(
+            f"the gateway needs the 'gateway' extra ({exc}): pip install 'streamsub[gateway]'",
+            EXIT_BAD_INPUT,
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        server = Gateway(
+            redis,
+            grpc_address=grpc_address,
+            http_address=None if http_address == "off" else http_address,
+            partitions=partitions,
+        )
+        await server.start()
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    run(main())
+
+
 def main() -> None:
     """The ``streamsub`` console script."""
     app()

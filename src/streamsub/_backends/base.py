@@ -21,6 +21,7 @@ __all__ = [
     "Backend",
     "Entry",
     "GroupInfo",
+    "LeaseMode",
     "NackItem",
     "ReclaimState",
     "Reclaimed",
@@ -74,6 +75,8 @@ class Entry(NamedTuple):
 
 
 ReclaimState = Literal["deliver", "exhausted", "lost"]
+LeaseMode = Literal["set", "extend", "end"]
+"""How ``Backend.lease_deliveries`` treats an entry's idle time (the gateway's)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -426,3 +429,45 @@ class Backend(Protocol):
         to ``sample`` oldest pending entries. Bounded work per partition,
         whatever its length."""
         ...
+
+    # --- gateway (streamsub.gateway) ---------------------------------------------
+    # Steps the Pub/Sub gateway needs beyond the receiver's: deliveries named by
+    # an ack id (entry, consumer, delivery count) that any process can settle,
+    # subscription settings rewritten in place, and Pub/Sub labels.
+    async def ack_deliveries(
+        self,
+        topic: TopicRecord,
+        group: str,
+        items: Mapping[int, Sequence[tuple[str, str, int]]],
+    ) -> dict[int, list[str]]:
+        """Acknowledge each (id, consumer, delivery count) only while the pending
+        list still shows that consumer and that count; return the ids acknowledged."""
+        ...
+
+    async def lease_deliveries(
+        self,
+        topic: TopicRecord,
+        group: str,
+        items: Mapping[int, Sequence[tuple[str, str, int, int, LeaseMode]]],
+        min_idle_ms: int,
+    ) -> dict[int, list[str]]:
+        """Set the idle time (ms) of each (id, consumer, delivery count, idle ms,
+        mode) only while the pending list still shows that consumer and that count,
+        without counting a delivery; return the ids whose idle time was set.
+        ``"set"`` sets it; ``"extend"`` resets it to 0 only while it is below
+        ``min_idle_ms`` (the lease runs); ``"end"`` raises it to the given value,
+        never lowers it."""
+        ...
+
+    async def update_subscription(self, record: SubscriptionRecord) -> bool:
+        """Rewrite a stored subscription's settings; False when it no longer exists."""
+        ...
+
+    async def get_labels(self, kind: Literal["topic", "subscription"], name: str) -> dict[str, str]:
+        """The labels stored for a topic or subscription (empty when none)."""
+        ...
+
+    async def set_labels(
+        self, kind: Literal["topic", "subscription"], name: str, labels: Mapping[str, str]
+    ) -> None:
+        """Replace the labels of a topic or subscription (empty deletes them)."""

@@ -15,7 +15,7 @@ import ssl
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
@@ -41,6 +41,7 @@ from ..._errors import (
 from ..base import (
     Entry,
     GroupInfo,
+    LeaseMode,
     NackItem,
     Reclaimed,
     ReclaimState,
@@ -1134,3 +1135,79 @@ class RedisBackend:
                 )
             )
         return counts
+
+    # --- gateway (streamsub.gateway) ---------------------------------------------
+    # Appended for the Pub/Sub gateway; the receiver's data path does not use them.
+    async def _delivery_calls(
+        self,
+        script_name: str,
+        topic: TopicRecord,
+        group: str,
+        items: Mapping[int, Sequence[Any]],
+        extra: Sequence[Any] = (),
+    ) -> dict[int, list[str]]:
+        # Loaded lazily: the constructor belongs to the receiver's data path.
+        scripts: dict[str, _Script] = self.__dict__.setdefault("_gateway_scripts", {})
+        script = scripts.get(script_name)
+        if script is None:
+            script = scripts[script_name] = _Script(_script(script_name))
+        calls = []
+        for partition, deliveries in items.items():
+            stream, _, times = self._companions(topic, partition, group)
+            keys = [stream, times] if script_name == "delivery_ack.lua" else [stream]
+            args: list[Any] = [group, *extra]
+            for delivery in deliveries:
+                args += delivery
+            calls.append((partition, keys, args))
+        with self._errors():
+            replies = await self._evalsha_many(script, calls)
+        return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
+
+    async def ack_deliveries(
+        self,
+        topic: TopicRecord,
+        group: str,
+        items: Mapping[int, Sequence[tuple[str, str, int]]],
+    ) -> dict[int, list[str]]:
+        return await self._delivery_calls("delivery_ack.lua", topic, group, items)
+
+    async def lease_deliveries(
+        self,
+        topic: TopicRecord,
+        group: str,
+        items: Mapping[int, Sequence[tuple[str, str, int, int, LeaseMode]]],
+        min_idle_ms: int,
+    ) -> dict[int, list[str]]:
+        return await self._delivery_calls("delivery_lease.lua", topic, group, items, (min_idle_ms,))
+
+    async def update_subscription(self, record: SubscriptionRecord) -> bool:
+        key = _keys.subscription_key(record.name)
+        settings = json.dumps(dict(record.settings), sort_keys=True)
+        with self._errors():
+            # HSET only if the record exists: XX-like, via the exists check in one
+            # transaction so a concurrent delete does not leave a half record.
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                if not await pipe.exists(key):
+                    await pipe.reset()
+                    return False
+                pipe.multi()
+                pipe.hset(key, "settings", settings)
+                await pipe.execute()
+        return True
+
+    async def get_labels(self, kind: Literal["topic", "subscription"], name: str) -> dict[str, str]:
+        with self._errors():
+            raw = await self._redis.hgetall(_keys.labels_key(kind, name))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def set_labels(
+        self, kind: Literal["topic", "subscription"], name: str, labels: Mapping[str, str]
+    ) -> None:
+        key = _keys.labels_key(kind, name)
+        with self._errors():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.delete(key)
+                if labels:
+                    pipe.hset(key, mapping=dict(labels))
+                await pipe.execute()

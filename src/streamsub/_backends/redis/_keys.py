@@ -17,6 +17,7 @@ __all__ = [
     "claims_key",
     "dropped_key",
     "holds_key",
+    "labels_key",
     "lock_key",
     "snapshot_key",
     "stream_key",
@@ -87,3 +88,8 @@ def snapshot_key(name: str) -> str:
     """The hash holding a snapshot: its subscription, topic, and per partition
     the last delivered id and the pending ids."""
     return f"ss:snapshot:{name}"
+
+
+def labels_key(kind: str, name: str) -> str:
+    """The hash of a topic's or subscription's Pub/Sub labels (the gateway's)."""
+    return f"ss:labels:{kind}:{name}"

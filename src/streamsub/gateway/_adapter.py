@@ -1,0 +1,841 @@
+"""The gateway's one door to the data path: deliveries named by ack ids.
+
+Every call the gateway makes to the backend's data methods (read, nack,
+reclaim, dead_letter, and the gateway's own ack_deliveries/lease_deliveries)
+is in this module, so a change of their signatures is adapted here alone.
+
+A Pub/Sub ack id names one delivery: ``<partition>/<entry id>/<delivery
+count>/<consumer>``. Acking or extending one is checked on the server against
+the pending list (still that consumer, still that delivery count), so any
+connection and any gateway process can settle it, and an ack from a delivery
+whose lease lapsed and went to someone else settles nothing.
+
+Leases: the subscription's ack deadline ``D`` is the reclaimers' min-idle, so a
+lease that should end ``r <= D`` seconds from now is an idle time of ``D - r``;
+longer leases are held by re-setting the idle time to 0 every ``D/3`` until
+they are within ``D`` of their end. One lease table per subscription and
+process does that, whichever stream delivered the message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+
+from .._backends.base import (
+    Backend,
+    Entry,
+    LeaseMode,
+    NackItem,
+    SubscriptionRecord,
+    TopicRecord,
+)
+from .._core.codec import UndecodableEntry, decode
+from .._core.deadletter import UNDECODABLE, dead_letter_message
+from .._core.partition import partition_for_key
+from .._core.retry import backoff
+from .._errors import StreamsubError, SubscriptionNotFoundError, TopicNotFoundError
+from .._settings import RetryPolicy
+
+__all__ = [
+    "Adapter",
+    "Puller",
+    "Received",
+    "SubscriptionView",
+    "format_ack_id",
+    "parse_ack_id",
+]
+
+log = logging.getLogger("streamsub.gateway")
+
+_Key = tuple[int, str]
+_VIEW_TTL = 1.0
+"""Seconds a subscription's settings are cached: updates show within a second."""
+_LEASE_TICK = (0.05, 2.0)
+"""Bounds of the lease table's period (a quarter of the ack deadline)."""
+_RECLAIM_EVERY = (0.05, 5.0)
+"""Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
+_ASSUMED_SIZE = 1024
+"""Bytes per message assumed for the byte limit until sizes have been seen."""
+_CONSUMER_EXPIRY = 3600.0
+"""A consumer (one per stream) idle this long and holding nothing is deleted."""
+_CONSUMER_SWEEP_EVERY = 600.0
+_DRY_BLOCK_MS = 100
+"""How long a read of some partitions waits after a round over all found nothing."""
+
+
+def format_ack_id(partition: int, entry_id: str, attempt: int, consumer: str) -> str:
+    """The ack id of one delivery."""
+    return f"{partition}/{entry_id}/{attempt}/{consumer}"
+
+
+def parse_ack_id(ack_id: str) -> tuple[int, str, int, str] | None:
+    """(partition, entry id, delivery count, consumer), or None if malformed."""
+    parts = ack_id.split("/", 3)
+    if len(parts) != 4 or not parts[3]:
+        return None
+    try:
+        partition, attempt = int(parts[0]), int(parts[2])
+    except ValueError:
+        return None
+    if partition < 0 or attempt < 1 or "-" not in parts[1]:
+        return None
+    return partition, parts[1], attempt, parts[3]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SubscriptionView:
+    """What the data path needs of a subscription, read from its record."""
+
+    record: SubscriptionRecord
+    topic: TopicRecord
+    dead_letter_topic: TopicRecord | None
+    ack_deadline: float
+    max_delivery_attempts: int
+    retry_policy: RetryPolicy | None
+    exactly_once: bool
+    ordering: bool
+
+    @property
+    def name(self) -> str:
+        """The streamsub subscription (consumer group) name."""
+        return self.record.name
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Received:
+    """One delivery as the faces render it."""
+
+    ack_id: str
+    message_id: str
+    data: bytes
+    attributes: dict[str, str]
+    ordering_key: str | None
+    publish_ms: int
+    delivery_attempt: int
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Delivery:
+    partition: int
+    entry_id: str
+    attempt: int
+    consumer: str
+    size: int
+    delivered_ms: int
+    lease_end: float
+    set_at: float
+    final: bool
+    """The idle time now encodes the lease end exactly; nothing more to extend."""
+    owner: Puller | None
+
+
+class Adapter:
+    """Deliveries, leases and settlement for every subscription of one gateway."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._backend = backend
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._views: dict[str, tuple[float, SubscriptionView]] = {}
+        self._tables: dict[str, _LeaseTable] = {}
+        self._prefix = f"gw-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._numbers = itertools.count(1)
+        self._pullers: set[Puller] = set()
+        self._consumer_sweeps: dict[str, float] = {}
+        self._members: dict[str, list[Puller]] = {}
+
+    def new_consumer(self, kind: str) -> str:
+        """A consumer name unique to this process (stable parts first, for humans)."""
+        return f"{self._prefix}-{kind}{next(self._numbers)}"
+
+    # --- subscriptions ---------------------------------------------------------
+    async def view(self, name: str) -> SubscriptionView:
+        """The subscription ``name`` (cached for a second); raises
+        SubscriptionNotFoundError or TopicNotFoundError."""
+        now = self._clock()
+        cached = self._views.get(name)
+        if cached is not None and now - cached[0] < _VIEW_TTL:
+            return cached[1]
+        record = await self._backend.get_subscription(name)
+        if record is None:
+            self._views.pop(name, None)
+            raise SubscriptionNotFoundError(name)
+        topic = await self._backend.get_topic(record.topic)
+        if topic is None:
+            raise TopicNotFoundError(record.topic)
+        settings = record.settings
+        dead_letter_name = settings.get("dead_letter_topic")
+        dead_letter = None
+        if isinstance(dead_letter_name, str):
+            dead_letter = await self._backend.get_topic(dead_letter_name)
+        retry = settings.get("retry_policy")
+        view = SubscriptionView(
+            record=record,
+            topic=topic,
+            dead_letter_topic=dead_letter,
+            ack_deadline=float(settings["ack_deadline"]),  # type: ignore[arg-type]
+            max_delivery_attempts=int(settings["max_delivery_attempts"]),  # type: ignore[call-overload]
+            retry_policy=RetryPolicy(**retry) if isinstance(retry, dict) else None,
+            exactly_once=bool(settings.get("enable_exactly_once_delivery")),
+            ordering=bool(settings.get("enable_message_ordering")),
+        )
+        self._views[name] = (now, view)
+        return view
+
+    def forget(self, name: str) -> None:
+        """Drop the cached view of ``name`` (after an update or delete)."""
+        self._views.pop(name, None)
+
+    async def deleted(self, name: str) -> None:
+        """The subscription ``name`` is gone: drop its leases, which settle nothing now."""
+        self.forget(name)
+        table = self._tables.pop(name, None)
+        if table is not None:
+            await table.close()
+
+    def _table(self, view: SubscriptionView) -> _LeaseTable:
+        table = self._tables.get(view.name)
+        if table is None:
+            table = self._tables[view.name] = _LeaseTable(self, view)
+        table.view = view
+        return table
+
+    # --- settling --------------------------------------------------------------
+    async def acknowledge(self, view: SubscriptionView, ack_ids: Iterable[str]) -> list[str]:
+        """Acknowledge deliveries; return the ack ids that settled nothing (malformed,
+        already settled, or whose lease went to another delivery)."""
+        failed: list[str] = []
+        by_partition: dict[int, list[tuple[str, str, int]]] = collections.defaultdict(list)
+        named: dict[_Key, list[str]] = collections.defaultdict(list)
+        for ack_id in ack_ids:
+            parsed = parse_ack_id(ack_id)
+            if parsed is None or parsed[0] >= view.topic.partitions:
+                failed.append(ack_id)
+                continue
+            partition, entry_id, attempt, consumer = parsed
+            by_partition[partition].append((entry_id, consumer, attempt))
+            named[(partition, entry_id)].append(ack_id)
+        if not by_partition:
+            return failed
+        acked = await self._backend.ack_deliveries(view.topic, view.name, by_partition)
+        done = {(p, i) for p, ids in acked.items() for i in ids}
+        table = self._tables.get(view.name)
+        for key, ids in named.items():
+            if key in done:
+                failed += ids[1:]  # the same delivery acked twice in one call
+                if table is not None:
+                    table.drop(key)
+            else:
+                failed += ids
+        return failed
+
+    async def modify_deadline(
+        self, view: SubscriptionView, ack_ids: Iterable[str], seconds: float
+    ) -> list[str]:
+        """Set deliveries' leases to end ``seconds`` from now; 0 gives them back
+        (a nack: redelivered after the retry policy's backoff). Return the ack
+        ids that settled nothing."""
+        if seconds <= 0:
+            return await self._nack(view, list(ack_ids), backoff_delay=True)
+        now = self._clock()
+        deadline_ms = int(view.ack_deadline * 1000)
+        idle_ms = max(0, deadline_ms - int(seconds * 1000))
+        failed: list[str] = []
+        by_partition: dict[int, list[tuple[str, str, int, int, LeaseMode]]] = (
+            collections.defaultdict(list)
+        )
+        named: dict[_Key, list[str]] = collections.defaultdict(list)
+        for ack_id in ack_ids:
+            parsed = parse_ack_id(ack_id)
+            if parsed is None or parsed[0] >= view.topic.partitions:
+                failed.append(ack_id)
+                continue
+            partition, entry_id, attempt, consumer = parsed
+            by_partition[partition].append((entry_id, consumer, attempt, idle_ms, "set"))
+            named[(partition, entry_id)].append(ack_id)
+        if not by_partition:
+            return failed
+        leased = await self._backend.lease_deliveries(
+            view.topic, view.name, by_partition, deadline_ms
+        )
+        done = {(p, i) for p, ids in leased.items() for i in ids}
+        table = self._table(view)
+        for key, ids in named.items():
+            if key in done:
+                table.leased(key, now + seconds, now, final=seconds <= view.ack_deadline)
+            else:
+                failed += ids
+                table.drop(key)
+        return failed
+
+    async def _nack(
+        self, view: SubscriptionView, ack_ids: Sequence[str], *, backoff_delay: bool
+    ) -> list[str]:
+        failed: list[str] = []
+        now_ms = int(self._wall_clock() * 1000)
+        table = self._tables.get(view.name)
+        # consumer -> partition -> what to give back, as that delivery (attempt)
+        items: dict[str, dict[int, list[NackItem]]] = {}
+        named: dict[tuple[str, int, str], list[str]] = collections.defaultdict(list)
+        for ack_id in ack_ids:
+            parsed = parse_ack_id(ack_id)
+            if parsed is None or parsed[0] >= view.topic.partitions:
+                failed.append(ack_id)
+                continue
+            partition, entry_id, attempt, consumer = parsed
+            delivery = None if table is None else table.get((partition, entry_id))
+            delivered_ms = now_ms if delivery is None else delivery.delivered_ms
+            delay_ms = int(backoff(view.retry_policy, attempt) * 1000) if backoff_delay else 0
+            key = (consumer, partition, entry_id)
+            if key not in named:
+                items.setdefault(consumer, collections.defaultdict(list))[partition].append(
+                    NackItem(entry_id, delay_ms, delivered_ms, attempt, True)
+                )
+            named[key].append(ack_id)
+        deadline_ms = int(view.ack_deadline * 1000)
+        if items:
+            # Redeliver when the backoff ends, not at the next periodic sweep.
+            soonest = min(i.delay_ms for p in items.values() for e in p.values() for i in e)
+            due = self._clock() + soonest / 1000
+            for puller in self._pullers:
+                if puller.view.name == view.name:
+                    puller.sweep_by(due)
+        for consumer, by_partition in items.items():
+            # Owner- and attempt-checked: a stale ack id never moves a newer delivery.
+            owned = await self._backend.nack(
+                view.topic, view.name, consumer, by_partition, deadline_ms
+            )
+            done = {(p, i) for p, ids in owned.items() for i in ids}
+            for partition, entries in by_partition.items():
+                for entry_id, *_ in entries:
+                    ids = named[(consumer, partition, entry_id)]
+                    if table is not None:
+                        table.drop((partition, entry_id))
+                    if (partition, entry_id) in done:
+                        failed += ids[1:]
+                    else:
+                        failed += ids
+        return failed
+
+    # --- pulling ---------------------------------------------------------------
+    def puller(
+        self,
+        view: SubscriptionView,
+        *,
+        consumer: str,
+        max_messages: int,
+        max_bytes: int,
+        deadline: float,
+        stream: bool = False,
+    ) -> Puller:
+        """A reader of ``view`` for one stream (``stream``) or for unary pulls, as
+        ``consumer``."""
+        puller = Puller(
+            self,
+            view,
+            consumer=consumer,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            deadline=deadline,
+        )
+        self._pullers.add(puller)
+        if view.ordering and stream:
+            self._members.setdefault(view.name, []).append(puller)
+        return puller
+
+    def partitions_for(self, puller: Puller) -> list[int]:
+        """The partitions ``puller`` may read now.
+
+        Every partition of an ordered subscription is read by one puller of this
+        gateway at a time (partition ``p`` goes to the ``p % n``-th of its ``n``
+        streams here), so one ordering key's messages go to one stream, in
+        order; a partition waits while another puller's deliveries of it (or a
+        closed stream's, whose client may still be handling them) are out; and
+        unary pulls get partitions only while no stream reads the subscription.
+        """
+        total = puller.view.topic.partitions
+        if not puller.view.ordering:
+            return list(range(total))
+        members = self._members.get(puller.view.name) or []
+        if puller in members:
+            index, count = members.index(puller), len(members)
+        elif members:
+            return []  # unary pulls of an ordered subscription wait while streams read it
+        else:
+            index, count = 0, 1
+        table = self._tables.get(puller.view.name)
+        busy = set() if table is None else table.partitions_held_elsewhere(puller)
+        return [p for p in range(index, total, count) if p not in busy]
+
+    def _leave(self, puller: Puller) -> None:
+        self._pullers.discard(puller)
+        members = self._members.get(puller.view.name)
+        if members is not None and puller in members:
+            members.remove(puller)
+
+    async def delete_idle_consumers(self, view: SubscriptionView) -> None:
+        """Delete the group's consumers that hold nothing and were idle for
+        ``_CONSUMER_EXPIRY`` (every stream reads as a consumer of its own), at
+        most once per ``_CONSUMER_SWEEP_EVERY`` per subscription."""
+        now = self._clock()
+        if now < self._consumer_sweeps.get(view.name, 0.0):
+            return
+        self._consumer_sweeps[view.name] = now + _CONSUMER_SWEEP_EVERY
+        try:
+            deleted = await self._backend.delete_idle_consumers(
+                view.topic, view.name, "", int(_CONSUMER_EXPIRY * 1000)
+            )
+        except StreamsubError as exc:
+            log.warning("streamsub gateway: deleting idle consumers failed: %s", exc)
+            return
+        if deleted:
+            log.info("streamsub gateway: deleted %d idle consumers of %r", len(deleted), view.name)
+
+    async def close(self) -> None:
+        """Stop every lease table and give back every delivery still leased here,
+        so that other gateways deliver them at once."""
+        for puller in list(self._pullers):
+            puller.closed = True
+        tables, self._tables = list(self._tables.values()), {}
+        for table in tables:
+            await table.close()
+            try:
+                await self._nack(table.view, table.ack_ids(), backoff_delay=False)
+            except StreamsubError as exc:
+                log.warning(
+                    "streamsub gateway: could not give back the leases of %r (%s); they "
+                    "return when their deadlines pass",
+                    table.view.name,
+                    exc,
+                )
+
+
+class _LeaseTable:
+    """Leases of one subscription's deliveries made or extended by this process."""
+
+    def __init__(self, adapter: Adapter, view: SubscriptionView) -> None:
+        self._adapter = adapter
+        self.view = view
+        self._deliveries: dict[_Key, _Delivery] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def get(self, key: _Key) -> _Delivery | None:
+        return self._deliveries.get(key)
+
+    def partitions_held_elsewhere(self, puller: Puller) -> set[int]:
+        return {d.partition for d in self._deliveries.values() if d.owner is not puller}
+
+    def ack_ids(self) -> list[str]:
+        return [
+            format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer)
+            for d in self._deliveries.values()
+        ]
+
+    def add(self, delivery: _Delivery) -> None:
+        key = (delivery.partition, delivery.entry_id)
+        old = self._deliveries.get(key)
+        if old is not None and old.owner is not None and old is not delivery:
+            old.owner.released(old)
+        self._deliveries[key] = delivery
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def leased(self, key: _Key, lease_end: float, now: float, *, final: bool) -> None:
+        delivery = self._deliveries.get(key)
+        if delivery is not None:
+            delivery.lease_end, delivery.set_at, delivery.final = lease_end, now, final
+
+    def drop(self, key: _Key) -> None:
+        delivery = self._deliveries.pop(key, None)
+        if delivery is not None and delivery.owner is not None:
+            delivery.owner.released(delivery)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            deadline = self.view.ack_deadline
+            await asyncio.sleep(min(max(deadline / 4, _LEASE_TICK[0]), _LEASE_TICK[1]))
+            try:
+                await self._tick(deadline)
+            except StreamsubError as exc:
+                log.warning(
+                    "streamsub gateway: extending leases of %r failed: %s", self.view.name, exc
+                )
+
+    async def _tick(self, deadline: float) -> None:
+        now = self._adapter._clock()
+        deadline_ms = int(deadline * 1000)
+        updates: dict[int, list[tuple[str, str, int, int, LeaseMode]]] = collections.defaultdict(
+            list
+        )
+        sent: list[_Delivery] = []
+        for key, d in list(self._deliveries.items()):
+            remaining = d.lease_end - now
+            if d.final:
+                if remaining <= 0:  # lapsed: the reclaimers may take it now
+                    self.drop(key)
+                continue
+            mode: LeaseMode
+            if remaining <= deadline:
+                idle_ms = min(deadline_ms, max(0, deadline_ms - int(remaining * 1000)))
+                d.final, mode = True, "end"
+            elif now - d.set_at >= deadline / 3:
+                idle_ms, mode = 0, "extend"
+            else:
+                continue
+            d.set_at = now
+            updates[d.partition].append((d.entry_id, d.consumer, d.attempt, idle_ms, mode))
+            sent.append(d)
+        if not sent:
+            return
+        leased = await self._adapter._backend.lease_deliveries(
+            self.view.topic, self.view.name, updates, deadline_ms
+        )
+        done = {(p, i) for p, ids in leased.items() for i in ids}
+        for d in sent:
+            key = (d.partition, d.entry_id)
+            if key not in done and self._deliveries.get(key) is d:
+                self.drop(key)  # acked elsewhere, or taken by another delivery
+
+
+class Puller:
+    """Reads one subscription for one consumer within flow-control limits."""
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        view: SubscriptionView,
+        *,
+        consumer: str,
+        max_messages: int,
+        max_bytes: int,
+        deadline: float,
+    ) -> None:
+        self._adapter = adapter
+        self.view = view
+        self.consumer = consumer
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.deadline = deadline
+        self.closed = False
+        self._outstanding: dict[_Key, _Delivery] = {}
+        self._bytes = 0
+        self._average_size = float(_ASSUMED_SIZE)
+        self.room = asyncio.Event()
+        self._cursors: dict[int, str] = {}
+        self._next_sweep = 0.0
+        self._next_partition = 0
+        self.delivered = 0
+        self.redelivered = 0
+        self.dead_lettered = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Deliveries of this puller not yet acked, nacked or lapsed."""
+        return len(self._outstanding)
+
+    def sweep_by(self, moment: float) -> None:
+        """Look for reclaimable entries no later than ``moment`` (monotonic)."""
+        self._next_sweep = min(self._next_sweep, moment)
+
+    def released(self, delivery: _Delivery) -> None:
+        key = (delivery.partition, delivery.entry_id)
+        if self._outstanding.get(key) is delivery:
+            del self._outstanding[key]
+            self._bytes -= delivery.size
+            self.room.set()
+
+    def budget(self) -> int:
+        """How many messages may be delivered now (0 when a limit is reached).
+
+        The byte limit counts as many messages as fit at the average size seen
+        so far (sizes are known only once read), and at least one while
+        nothing is outstanding, so that a message larger than the limit still
+        goes out, alone.
+        """
+        free_bytes = self.max_bytes - self._bytes
+        if free_bytes <= 0:
+            return 0
+        by_bytes = int(free_bytes // self._average_size)
+        if by_bytes == 0 and not self._outstanding:
+            by_bytes = 1
+        return max(0, min(self.max_messages - len(self._outstanding), by_bytes))
+
+    async def pull(self, block_ms: int, limit: int | None = None) -> list[Received]:
+        """Up to the free budget (and ``limit``) of messages: reclaimed ones first
+        when a sweep is due, else new ones, waiting up to ``block_ms``."""
+        budget = self.budget()
+        if limit is not None:
+            budget = min(budget, limit)
+        if budget <= 0 or self.closed:
+            return []
+        now = self._adapter._clock()
+        if now >= self._next_sweep:
+            # A sweep scans at most ``budget`` partitions per call; go on until it
+            # finds something or has seen every partition.
+            while True:
+                received = await self._reclaim(budget)
+                if received:
+                    return received
+                if not self._cursors:
+                    break
+        candidates = self._adapter.partitions_for(self)
+        total = len(candidates)
+        if not total:  # an ordered subscription with more streams here than partitions
+            await asyncio.sleep(min(block_ms, _DRY_BLOCK_MS) / 1000)
+            return []
+        if budget >= total:
+            entries = await self._read(candidates, budget, block_ms)
+        else:
+            # Fewer slots than partitions: one entry from each of the next
+            # ``budget`` partitions, so no read takes more than the budget; a
+            # round over every partition without waiting, then one that waits.
+            entries = []
+            rounds = -(-total // budget)
+            for round_number in range(rounds + 1):
+                start = self._next_partition % total
+                partitions = [candidates[(start + i) % total] for i in range(budget)]
+                self._next_partition = (start + budget) % total
+                block = min(block_ms, _DRY_BLOCK_MS) if round_number == rounds else 1
+                entries = await self._read(partitions, budget, block)
+                if entries:
+                    break
+        self.delivered += len(entries)
+        return await self._accept(entries, None)
+
+    async def _read(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
+        view = self.view
+        entries: list[Entry] = []
+        block = block_ms
+        while True:
+            count = budget // len(partitions)
+            got = await self._adapter._backend.read(
+                view.topic, view.name, self.consumer, partitions, count, max(1, block)
+            )
+            entries += got
+            budget -= len(got)
+            # Partitions that gave all they were asked may hold more: ask them
+            # again at once for the rest of the budget (publishers fill a few
+            # partitions at a time, so an even split alone leaves slots idle).
+            per_partition = collections.Counter(entry.partition for entry in got)
+            partitions = [p for p in partitions if per_partition[p] == count][:budget]
+            if not partitions:
+                return entries
+            block = 1
+
+    async def _reclaim(self, budget: int) -> list[Received]:
+        view = self.view
+        adapter = self._adapter
+        allowed = self._adapter.partitions_for(self)
+        if not self._cursors:
+            self._cursors = dict.fromkeys(allowed, "-")
+        for partition in set(self._cursors) - set(allowed):
+            del self._cursors[partition]  # no longer this puller's (ordered subscriptions)
+        if not self._cursors:
+            self._end_sweep()
+            return []
+        # Never more than the budget: with fewer slots than partitions to scan,
+        # this call scans only as many partitions as there are slots.
+        scan = dict(itertools.islice(self._cursors.items(), budget))
+        count = max(1, budget // len(scan))
+        attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
+        found, cursors = await adapter._backend.reclaim(
+            view.topic,
+            view.name,
+            self.consumer,
+            scan,
+            int(view.ack_deadline * 1000),
+            count,
+            attempts,
+        )
+        for partition, cursor in cursors.items():
+            if cursor == "0-0":
+                del self._cursors[partition]
+            else:
+                self._cursors[partition] = cursor
+        if not self._cursors:
+            self._end_sweep()
+        deliver: list[Entry] = []
+        first: list[int] = []
+        for item in found:
+            if item.state == "deliver":
+                deliver.append(item.entry)
+                first.append(item.first_delivery_ms)
+            elif item.state == "exhausted":
+                await self._dead_letter(
+                    item.entry,
+                    f"delivered {item.entry.delivery_count} times (max_delivery_attempts)",
+                    item.first_delivery_ms,
+                    item.last_delivery_ms,
+                )
+            else:
+                log.warning(
+                    "streamsub gateway: entry %s-%s of %r was trimmed before anyone acked it",
+                    item.entry.partition,
+                    item.entry.entry_id,
+                    view.topic.name,
+                )
+        self.redelivered += len(deliver)
+        return await self._accept(deliver, first)
+
+    def _end_sweep(self) -> None:
+        deadline = self.view.ack_deadline
+        interval = min(max(deadline / 4, _RECLAIM_EVERY[0]), _RECLAIM_EVERY[1])
+        self._next_sweep = self._adapter._clock() + interval
+
+    async def _dead_letter(
+        self, entry: Entry, reason: str, first_ms: int | None, last_ms: int | None
+    ) -> None:
+        view = self.view
+        target = view.dead_letter_topic
+        assert target is not None  # entries come back exhausted only when there is one
+        try:
+            decoded = decode(entry.fields)
+        except UndecodableEntry as exc:
+            decoded = None
+            reason = f"{UNDECODABLE}: {exc.reason}"
+        encoded = dead_letter_message(
+            decoded,
+            raw_fields=entry.fields,
+            topic=view.topic.name,
+            subscription=view.name,
+            message_id=f"{entry.partition}-{entry.entry_id}",
+            delivery_attempts=entry.delivery_count,
+            reason=reason,
+        )
+        if encoded.ordering_key is not None:
+            target_partition = partition_for_key(encoded.ordering_key, target.partitions)
+        else:
+            target_partition = entry.partition % target.partitions
+        await self._adapter._backend.dead_letter(
+            view.topic,
+            view.name,
+            self.consumer,
+            entry.partition,
+            entry.entry_id,
+            target,
+            target_partition,
+            encoded.packed,
+            first_ms,
+            last_ms,
+        )
+        self.dead_lettered += 1
+
+    async def _accept(self, entries: list[Entry], first_ms: list[int] | None) -> list[Received]:
+        view = self.view
+        adapter = self._adapter
+        now = adapter._clock()
+        now_ms = int(adapter._wall_clock() * 1000)
+        table = adapter._table(view)
+        received: list[Received] = []
+        for index, entry in enumerate(entries):
+            try:
+                decoded = decode(entry.fields)
+            except UndecodableEntry as exc:
+                await self._undecodable(entry, exc.reason, first_ms[index] if first_ms else now_ms)
+                continue
+            delivery = _Delivery(
+                partition=entry.partition,
+                entry_id=entry.entry_id,
+                attempt=entry.delivery_count,
+                consumer=self.consumer,
+                size=decoded.size,
+                delivered_ms=now_ms,
+                lease_end=now + self.deadline,
+                set_at=now,
+                final=False,
+                owner=None if self.closed else self,
+            )
+            table.add(delivery)
+            if not self.closed:
+                self._outstanding[(entry.partition, entry.entry_id)] = delivery
+                self._bytes += decoded.size
+                self._average_size += (max(decoded.size, 1) - self._average_size) / 16
+            ack_id = format_ack_id(
+                entry.partition, entry.entry_id, entry.delivery_count, self.consumer
+            )
+            received.append(
+                Received(
+                    ack_id=ack_id,
+                    message_id=f"{entry.partition}-{entry.entry_id}",
+                    data=decoded.data,
+                    attributes=decoded.attributes,
+                    ordering_key=decoded.ordering_key,
+                    publish_ms=int(entry.entry_id.split("-", 1)[0]),
+                    delivery_attempt=entry.delivery_count,
+                )
+            )
+        return received
+
+    async def _undecodable(self, entry: Entry, reason: str, first_ms: int) -> None:
+        log.warning(
+            "streamsub gateway: entry %s-%s of %r is undecodable (%s)",
+            entry.partition,
+            entry.entry_id,
+            self.view.topic.name,
+            reason,
+        )
+        if self.view.dead_letter_topic is not None:
+            await self._dead_letter(entry, f"{UNDECODABLE}: {reason}", first_ms, None)
+            return
+        delay_ms = int(backoff(self.view.retry_policy, entry.delivery_count) * 1000)
+        now_ms = int(self._adapter._wall_clock() * 1000)
+        await self._adapter._backend.nack(
+            self.view.topic,
+            self.view.name,
+            self.consumer,
+            {
+                entry.partition: [
+                    NackItem(entry.entry_id, delay_ms, now_ms, entry.delivery_count, True)
+                ]
+            },
+            int(self.view.ack_deadline * 1000),
+        )
+
+    async def close(self, *, hand_back: bool) -> None:
+        """Stop delivering. With ``hand_back`` the deliveries still outstanding are
+        given back at once; without, their leases run on (the client may still
+        ack them on another stream)."""
+        self.closed = True
+        self._adapter._leave(self)
+        outstanding = list(self._outstanding.values())
+        for delivery in outstanding:
+            delivery.owner = None
+        self._outstanding.clear()
+        self._bytes = 0
+        if hand_back and outstanding:
+            ack_ids = [
+                format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer) for d in outstanding
+            ]
+            try:
+                await self._adapter._nack(self.view, ack_ids, backoff_delay=False)
+            except StreamsubError as exc:  # Redis gone, or the subscription deleted
+                log.warning(
+                    "streamsub gateway: could not give back %d leases of %r (%s); they "
+                    "return when their deadlines pass",
+                    len(ack_ids),
+                    self.view.name,
+                    exc,
+                )

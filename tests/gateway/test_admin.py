@@ -1,0 +1,172 @@
+"""Topics and subscriptions through the gateway, driven by the official Python client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import pubsub_v1
+from google.protobuf import duration_pb2, field_mask_pb2
+
+import streamsub
+from streamsub.testing import RedisServer
+
+
+def _native_subscription(server: RedisServer, name: str) -> streamsub.Subscription:
+    async def read() -> streamsub.Subscription:
+        async with streamsub.connect(server.url) as client:
+            return await client.get_subscription(name)
+
+    return asyncio.run(read())
+
+
+def test_topic_lifecycle(publisher: pubsub_v1.PublisherClient, project: str) -> None:
+    """A topic is created, read, listed per project, relabelled and deleted."""
+    name = f"projects/{project}/topics/orders"
+    created = publisher.create_topic(request={"name": name, "labels": {"team": "billing"}})
+    assert created.name == name
+    assert dict(created.labels) == {"team": "billing"}
+    assert publisher.get_topic(topic=name).name == name
+    publisher.create_topic(name=f"projects/{project}/topics/audit")
+    publisher.create_topic(name=f"projects/other-{project}/topics/orders")
+    listed = [t.name for t in publisher.list_topics(project=f"projects/{project}")]
+    assert listed == [f"projects/{project}/topics/audit", name]
+    updated = publisher.update_topic(
+        request={
+            "topic": {"name": name, "labels": {"team": "ops"}},
+            "update_mask": field_mask_pb2.FieldMask(paths=["labels"]),
+        }
+    )
+    assert dict(updated.labels) == {"team": "ops"}
+    publisher.delete_topic(topic=name)
+    with pytest.raises(exceptions.NotFound):
+        publisher.get_topic(topic=name)
+
+
+def test_errors_reach_the_client_as_its_exception_classes(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """ALREADY_EXISTS, NOT_FOUND and INVALID_ARGUMENT arrive as the client's own classes."""
+    topic = f"projects/{project}/topics/orders"
+    publisher.create_topic(name=topic)
+    with pytest.raises(exceptions.AlreadyExists):
+        publisher.create_topic(name=topic)
+    with pytest.raises(exceptions.NotFound):
+        publisher.get_topic(topic=f"projects/{project}/topics/missing")
+    with pytest.raises(exceptions.NotFound):
+        subscriber.create_subscription(
+            name=f"projects/{project}/subscriptions/sub1",
+            topic=f"projects/{project}/topics/missing",
+        )
+    with pytest.raises(exceptions.NotFound):
+        subscriber.get_subscription(subscription=f"projects/{project}/subscriptions/none")
+    with pytest.raises(exceptions.InvalidArgument):
+        publisher.create_topic(name=f"projects/{project}/topics/9starts-with-digit")
+    with pytest.raises(exceptions.InvalidArgument):
+        publisher.create_topic(name=f"projects/{project}/queues/orders")
+    subscriber.create_subscription(name=f"projects/{project}/subscriptions/sub1", topic=topic)
+    with pytest.raises(exceptions.AlreadyExists):
+        subscriber.create_subscription(name=f"projects/{project}/subscriptions/sub1", topic=topic)
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.create_subscription(
+            request={
+                "name": f"projects/{project}/subscriptions/sub2",
+                "topic": topic,
+                "ack_deadline_seconds": 5,
+            }
+        )
+
+
+def test_subscription_settings_both_ways(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    server: RedisServer,
+) -> None:
+    """Ack deadline, dead-letter and retry policies, ordering and exactly-once are
+    stored as streamsub settings, read back, and updated."""
+    topic = f"projects/{project}/topics/orders"
+    dead = f"projects/{project}/topics/orders-dead"
+    name = f"projects/{project}/subscriptions/billing"
+    publisher.create_topic(name=topic)
+    publisher.create_topic(name=dead)
+    created = subscriber.create_subscription(
+        request={
+            "name": name,
+            "topic": topic,
+            "ack_deadline_seconds": 30,
+            "dead_letter_policy": {"dead_letter_topic": dead, "max_delivery_attempts": 7},
+            "retry_policy": {
+                "minimum_backoff": duration_pb2.Duration(seconds=2),
+                "maximum_backoff": duration_pb2.Duration(seconds=90),
+            },
+            "enable_message_ordering": True,
+            "enable_exactly_once_delivery": True,
+            "labels": {"env": "test"},
+        }
+    )
+    for sub in (created, subscriber.get_subscription(subscription=name)):
+        assert sub.topic == topic
+        assert sub.ack_deadline_seconds == 30
+        assert sub.dead_letter_policy.dead_letter_topic == dead
+        assert sub.dead_letter_policy.max_delivery_attempts == 7
+        assert sub.retry_policy.minimum_backoff.total_seconds() == 2
+        assert sub.retry_policy.maximum_backoff.total_seconds() == 90
+        assert sub.enable_message_ordering
+        assert sub.enable_exactly_once_delivery
+        assert dict(sub.labels) == {"env": "test"}
+    native = _native_subscription(server, f"{project}~billing")
+    assert native.topic == f"{project}~orders"
+    assert native.ack_deadline == 30.0
+    assert native.dead_letter_topic == f"{project}~orders-dead"
+    assert native.max_delivery_attempts == 7
+    assert native.retry_policy == streamsub.RetryPolicy(minimum_backoff=2, maximum_backoff=90)
+    assert native.enable_message_ordering
+    assert native.enable_exactly_once_delivery
+
+    updated = subscriber.update_subscription(
+        request={
+            "subscription": {"name": name, "ack_deadline_seconds": 60, "labels": {}},
+            "update_mask": field_mask_pb2.FieldMask(
+                paths=["ack_deadline_seconds", "dead_letter_policy", "retry_policy", "labels"]
+            ),
+        }
+    )
+    assert updated.ack_deadline_seconds == 60
+    assert not updated.dead_letter_policy.dead_letter_topic
+    assert "retry_policy" not in updated
+    assert dict(updated.labels) == {}
+    native = _native_subscription(server, f"{project}~billing")
+    assert native.ack_deadline == 60.0
+    assert native.dead_letter_topic is None
+    assert native.retry_policy is None
+    with pytest.raises(exceptions.InvalidArgument):
+        subscriber.update_subscription(
+            request={
+                "subscription": {"name": name, "enable_message_ordering": False},
+                "update_mask": field_mask_pb2.FieldMask(paths=["enable_message_ordering"]),
+            }
+        )
+
+
+def test_subscription_listing_and_deletion(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Subscriptions list per project and per topic, page by page, and are deleted."""
+    topic = f"projects/{project}/topics/orders"
+    publisher.create_topic(name=topic)
+    names = [f"projects/{project}/subscriptions/sub{i}" for i in range(5)]
+    for name in names:
+        subscriber.create_subscription(name=name, topic=topic)
+    pages = subscriber.list_subscriptions(
+        request={"project": f"projects/{project}", "page_size": 2}
+    )
+    assert [s.name for s in pages] == names
+    assert list(publisher.list_topic_subscriptions(topic=topic)) == names
+    with pytest.raises(exceptions.FailedPrecondition):
+        publisher.delete_topic(topic=topic)
+    subscriber.delete_subscription(subscription=names[0])
+    with pytest.raises(exceptions.NotFound):
+        subscriber.delete_subscription(subscription=names[0])
+    assert list(publisher.list_topic_subscriptions(topic=topic)) == names[1:]

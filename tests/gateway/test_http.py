@@ -1,0 +1,275 @@
+"""REST (Pub/Sub's v1 HTTP mapping) and gRPC-Web on the gateway's HTTP port, with httpx."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from google.pubsub_v1.types import pubsub
+
+from .conftest import GatewayThread
+from .test_streaming import wait_for
+
+_FRAME = struct.Struct(">BI")
+
+
+@pytest.fixture
+def http(gateway: GatewayThread) -> Iterator[httpx.Client]:
+    """An httpx client on the gateway's HTTP port."""
+    with httpx.Client(base_url=gateway.http, timeout=30) as client:
+        yield client
+
+
+def test_rest_publish_pull_acknowledge(http: httpx.Client, project: str) -> None:
+    """Topics and subscriptions are made with PUT, 500 messages published with base64
+    data and attributes are pulled across partitions, and acked ones do not return."""
+    topic = f"projects/{project}/topics/orders"
+    sub = f"projects/{project}/subscriptions/billing"
+    created = http.put(f"/v1/{topic}", json={"labels": {"team": "a"}})
+    assert created.status_code == 200, created.text
+    assert created.json() == {"name": topic, "labels": {"team": "a"}}
+    made = http.put(f"/v1/{sub}", json={"topic": topic, "ackDeadlineSeconds": 20})
+    assert made.json()["ackDeadlineSeconds"] == 20
+    messages = [
+        {"data": base64.b64encode(b"payload %d" % i).decode(), "attributes": {"i": str(i)}}
+        for i in range(500)
+    ]
+    published = http.post(f"/v1/{topic}:publish", json={"messages": messages})
+    ids = published.json()["messageIds"]
+    assert len(set(ids)) == 500
+    received: dict[str, dict[str, Any]] = {}
+    while len(received) < 500:
+        pulled = http.post(f"/v1/{sub}:pull", json={"maxMessages": 100}).json()
+        batch = pulled.get("receivedMessages", [])
+        assert batch, f"nothing more after {len(received)} messages"
+        assert len(batch) <= 100
+        for item in batch:
+            received[item["message"]["messageId"]] = item
+        acked = http.post(f"/v1/{sub}:acknowledge", json={"ackIds": [m["ackId"] for m in batch]})
+        assert acked.json() == {}
+    assert set(received) == set(ids)
+    for item in received.values():
+        i = int(item["message"]["attributes"]["i"])
+        assert base64.b64decode(item["message"]["data"]) == b"payload %d" % i
+        assert "publishTime" in item["message"]
+    assert http.post(f"/v1/{sub}:pull", json={"maxMessages": 10}).json() == {}
+    listed = http.get(f"/v1/projects/{project}/topics").json()
+    assert [t["name"] for t in listed["topics"]] == [topic]
+    assert http.get(f"/v1/{topic}/subscriptions").json() == {"subscriptions": [sub]}
+    patched = http.patch(
+        f"/v1/{sub}",
+        json={"subscription": {"ackDeadlineSeconds": 30}, "updateMask": "ackDeadlineSeconds"},
+    )
+    assert patched.json()["ackDeadlineSeconds"] == 30
+    assert http.delete(f"/v1/{sub}").json() == {}
+    assert http.delete(f"/v1/{topic}").json() == {}
+
+
+def test_rest_nack_by_modify_ack_deadline(http: httpx.Client, project: str) -> None:
+    """modifyAckDeadline 0 gives a pulled message back, and it is pulled again."""
+    topic = f"projects/{project}/topics/orders"
+    sub = f"projects/{project}/subscriptions/billing"
+    http.put(f"/v1/{topic}", json={})
+    http.put(f"/v1/{sub}", json={"topic": topic})
+    http.post(f"/v1/{topic}:publish", json={"messages": [{"data": "YQ=="}]})
+    first = http.post(f"/v1/{sub}:pull", json={"maxMessages": 1}).json()["receivedMessages"]
+    nacked = http.post(
+        f"/v1/{sub}:modifyAckDeadline",
+        json={"ackIds": [first[0]["ackId"]], "ackDeadlineSeconds": 0},
+    )
+    assert nacked.status_code == 200
+    again: list[Any] = []
+
+    def pulled() -> bool:
+        again.extend(
+            http.post(f"/v1/{sub}:pull", json={"maxMessages": 1}).json().get("receivedMessages", [])
+        )
+        return bool(again)
+
+    wait_for(pulled, 30, "the redelivery")
+    assert again[0]["message"]["messageId"] == first[0]["message"]["messageId"]
+    assert again[0]["ackId"] != first[0]["ackId"]
+
+
+def test_rest_errors_are_googles_json(http: httpx.Client, project: str) -> None:
+    """Errors come as {"error": {"code", "message", "status"}} with the HTTP status."""
+    topic = f"projects/{project}/topics/orders"
+    missing = http.get(f"/v1/{topic}")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["status"] == "NOT_FOUND"
+    assert missing.json()["error"]["code"] == 404
+    assert topic in missing.json()["error"]["message"]
+    http.put(f"/v1/{topic}", json={})
+    twice = http.put(f"/v1/{topic}", json={})
+    assert twice.status_code == 409
+    assert twice.json()["error"]["status"] == "ALREADY_EXISTS"
+    bad = http.put(f"/v1/projects/{project}/topics/goog-x", json={})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["status"] == "INVALID_ARGUMENT"
+    garbage = http.post(f"/v1/{topic}:publish", content=b"{not json")
+    assert garbage.status_code == 400
+    assert http.get("/v2/nothing").status_code == 404
+    seek = http.post(f"/v1/projects/{project}/subscriptions/billing:seek", json={})
+    assert seek.status_code == 501
+    assert seek.json()["error"]["status"] == "UNIMPLEMENTED"
+
+
+def _frame(payload: bytes) -> bytes:
+    return _FRAME.pack(0, len(payload)) + payload
+
+
+def _frames(body: bytes) -> tuple[list[bytes], dict[str, str]]:
+    messages, trailers, pos = [], {}, 0
+    while pos < len(body):
+        flag, length = _FRAME.unpack_from(body, pos)
+        payload = body[pos + _FRAME.size : pos + _FRAME.size + length]
+        pos += _FRAME.size + length
+        if flag & 0x80:
+            for line in payload.decode().split("\r\n"):
+                if line:
+                    key, _, value = line.partition(":")
+                    trailers[key.strip()] = value.strip()
+        else:
+            messages.append(payload)
+    return messages, trailers
+
+
+_GRPC_WEB = {"content-type": "application/grpc-web+proto", "x-grpc-web": "1"}
+
+
+def test_grpc_web_unary_calls_and_cors(http: httpx.Client, project: str) -> None:
+    """gRPC-Web unary calls answer with a message and an OK trailer, errors with
+    grpc-status in the trailer, and CORS preflight is answered 204."""
+    topic = f"projects/{project}/topics/orders"
+    request = pubsub.Topic.pb()(name=topic)
+    response = http.post(
+        "/google.pubsub.v1.Publisher/CreateTopic",
+        content=_frame(request.SerializeToString()),
+        headers={**_GRPC_WEB, "origin": "https://app.example"},
+    )
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == "https://app.example"
+    assert "grpc-status" in response.headers["access-control-expose-headers"]
+    messages, trailers = _frames(response.content)
+    assert pubsub.Topic.pb().FromString(messages[0]).name == topic
+    assert trailers["grpc-status"] == "0"
+    again = http.post(
+        "/google.pubsub.v1.Publisher/CreateTopic",
+        content=_frame(request.SerializeToString()),
+        headers=_GRPC_WEB,
+    )
+    assert again.headers["grpc-status"] == "6"  # ALREADY_EXISTS
+    assert _frames(again.content)[1]["grpc-status"] == "6"
+    preflight = http.options(
+        "/google.pubsub.v1.Publisher/CreateTopic",
+        headers={
+            "origin": "https://app.example",
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "content-type,x-grpc-web",
+        },
+    )
+    assert preflight.status_code == 204
+    assert "x-grpc-web" in preflight.headers["access-control-allow-headers"]
+
+
+def test_grpc_web_server_stream_delivers_messages(
+    http: httpx.Client, gateway: GatewayThread, project: str
+) -> None:
+    """A StreamingPull opened over gRPC-Web with one request streams 200 messages,
+    which unary gRPC-Web Acknowledge calls settle."""
+    topic = f"projects/{project}/topics/orders"
+    sub = f"projects/{project}/subscriptions/billing"
+    http.put(f"/v1/{topic}", json={})
+    http.put(f"/v1/{sub}", json={"topic": topic})
+    messages = [{"data": base64.b64encode(b"m%d" % i).decode()} for i in range(200)]
+    ids = set(http.post(f"/v1/{topic}:publish", json={"messages": messages}).json()["messageIds"])
+    first = pubsub.StreamingPullRequest.pb()(
+        subscription=sub, stream_ack_deadline_seconds=60, max_outstanding_messages=1000
+    )
+    received: dict[str, str] = {}
+    with (
+        httpx.Client(base_url=gateway.http, timeout=30) as streaming,
+        streaming.stream(
+            "POST",
+            "/google.pubsub.v1.Subscriber/StreamingPull",
+            content=_frame(first.SerializeToString()),
+            headers=_GRPC_WEB,
+        ) as response,
+    ):
+        assert response.status_code == 200
+        buffer = b""
+        for chunk in response.iter_raw():
+            buffer += chunk
+            while len(buffer) >= _FRAME.size:
+                flag, length = _FRAME.unpack_from(buffer, 0)
+                if len(buffer) < _FRAME.size + length:
+                    break
+                payload = buffer[_FRAME.size : _FRAME.size + length]
+                buffer = buffer[_FRAME.size + length :]
+                assert not flag & 0x80, payload
+                parsed = pubsub.StreamingPullResponse.pb().FromString(payload)
+                for item in parsed.received_messages:
+                    received[item.message.message_id] = item.ack_id
+            if len(received) >= 200:
+                break
+    assert set(received) == ids
+    ack = pubsub.AcknowledgeRequest.pb()(subscription=sub, ack_ids=list(received.values()))
+    acked = http.post(
+        "/google.pubsub.v1.Subscriber/Acknowledge",
+        content=_frame(ack.SerializeToString()),
+        headers=_GRPC_WEB,
+    )
+    assert _frames(acked.content)[1]["grpc-status"] == "0"
+    assert http.post(f"/v1/{sub}:pull", json={"maxMessages": 10}).json() == {}
+
+
+def test_grpc_web_text_mode_unary_and_stream(http: httpx.Client, project: str) -> None:
+    """The base64 grpc-web-text form browsers use by default carries a unary call and
+    a server stream, each response chunk base64 on its own."""
+    text = {"content-type": "application/grpc-web-text", "x-grpc-web": "1"}
+    topic = f"projects/{project}/topics/orders"
+    sub = f"projects/{project}/subscriptions/billing"
+    created = http.post(
+        "/google.pubsub.v1.Publisher/CreateTopic",
+        content=base64.b64encode(_frame(pubsub.Topic.pb()(name=topic).SerializeToString())),
+        headers=text,
+    )
+    assert created.headers["content-type"] == "application/grpc-web-text"
+    messages, trailers = _frames(base64.b64decode(created.content))
+    assert pubsub.Topic.pb().FromString(messages[0]).name == topic
+    assert trailers["grpc-status"] == "0"
+    http.put(f"/v1/{sub}", json={"topic": topic})
+    data = [{"data": base64.b64encode(b"t%d" % i).decode()} for i in range(50)]
+    ids = set(http.post(f"/v1/{topic}:publish", json={"messages": data}).json()["messageIds"])
+    first = pubsub.StreamingPullRequest.pb()(subscription=sub, stream_ack_deadline_seconds=60)
+    received: set[str] = set()
+    with http.stream(
+        "POST",
+        "/google.pubsub.v1.Subscriber/StreamingPull",
+        content=base64.b64encode(_frame(first.SerializeToString())),
+        headers=text,
+    ) as response:
+        pending, frames = b"", b""
+        for chunk in response.iter_raw():
+            pending += chunk
+            # Decode whole groups of four characters, as the browser client does.
+            usable = len(pending) - len(pending) % 4
+            decoded, pending = pending[:usable], pending[usable:]
+            frames += b"".join(
+                base64.b64decode(decoded[i : i + 4]) for i in range(0, len(decoded), 4)
+            )
+            while len(frames) >= _FRAME.size:
+                _, length = _FRAME.unpack_from(frames, 0)
+                if len(frames) < _FRAME.size + length:
+                    break
+                payload = frames[_FRAME.size : _FRAME.size + length]
+                frames = frames[_FRAME.size + length :]
+                parsed = pubsub.StreamingPullResponse.pb().FromString(payload)
+                received |= {m.message.message_id for m in parsed.received_messages}
+            if received >= ids:
+                break
+    assert received == ids

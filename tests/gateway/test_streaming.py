@@ -1,0 +1,512 @@
+"""StreamingPull as the official Python client drives it, through the gateway."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from google.api_core import exceptions
+from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.subscriber import exceptions as sub_exceptions
+from google.cloud.pubsub_v1.types import FlowControl, PublisherOptions
+from google.protobuf import duration_pb2
+from google.pubsub_v1 import types as gapic
+
+from .conftest import GatewayThread
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Return once ``condition()`` is true; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _setup(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    **settings: Any,
+) -> tuple[str, str]:
+    topic = f"projects/{project}/topics/orders"
+    name = f"projects/{project}/subscriptions/billing"
+    publisher.create_topic(name=topic)
+    subscriber.create_subscription(request={"name": name, "topic": topic, **settings})
+    return topic, name
+
+
+def test_ten_thousand_messages_with_attributes_and_ordering_keys(
+    emulator: str, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """10,000 messages with attributes and 20 ordering keys arrive whole, each key in
+    publish order, through a flow-controlled streaming pull that acks them."""
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=PublisherOptions(enable_message_ordering=True)
+    )
+    topic, name = _setup(publisher, subscriber, project, enable_message_ordering=True)
+    total, keys = 10_000, 20
+    futures = [
+        publisher.publish(
+            topic, f"message {i}".encode(), ordering_key=f"key-{i % keys}", index=str(i)
+        )
+        for i in range(total)
+    ]
+    message_ids = {f.result(timeout=60) for f in futures}
+    assert len(message_ids) == total
+    lock = threading.Lock()
+    seen: dict[int, str] = {}
+    order: dict[str, list[int]] = collections.defaultdict(list)
+    in_callback = 0
+    most_in_callback = 0
+
+    def callback(message: Any) -> None:
+        nonlocal in_callback, most_in_callback
+        index = int(message.attributes["index"])
+        with lock:
+            in_callback += 1
+            most_in_callback = max(most_in_callback, in_callback)
+            assert message.data == f"message {index}".encode()
+            assert message.ordering_key == f"key-{index % keys}"
+            assert message.delivery_attempt is None  # no dead-letter policy
+            if index not in seen:
+                order[message.ordering_key].append(index)
+            seen[index] = message.message_id
+            in_callback -= 1
+        message.ack()
+
+    future = subscriber.subscribe(
+        name, callback, flow_control=FlowControl(max_messages=200, max_bytes=10 * 2**20)
+    )
+    try:
+        wait_for(lambda: len(seen) == total, 120, f"{total} messages")
+    finally:
+        future.cancel()
+        future.result(timeout=30)
+    assert set(seen.values()) == message_ids
+    assert most_in_callback <= 200
+    for key, indices in order.items():
+        assert indices == sorted(indices), f"{key} out of order"
+    publisher.stop()
+
+
+def test_nack_is_redelivered_without_delivery_attempt(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """A nacked message (ModifyAckDeadline 0) comes back, and without a dead-letter
+    policy delivery_attempt stays unset."""
+    topic, name = _setup(publisher, subscriber, project)
+    ids = {publisher.publish(topic, b"x%d" % i).result() for i in range(50)}
+    deliveries: dict[str, int] = collections.Counter()
+    lock = threading.Lock()
+
+    def callback(message: Any) -> None:
+        assert message.delivery_attempt is None
+        with lock:
+            deliveries[message.message_id] += 1
+            first = deliveries[message.message_id] == 1
+        if first:
+            message.nack()
+        else:
+            message.ack()
+
+    future = subscriber.subscribe(name, callback)
+    try:
+        wait_for(
+            lambda: len(deliveries) == 50 and all(n >= 2 for n in deliveries.values()),
+            30,
+            "every message delivered twice",
+        )
+    finally:
+        future.cancel()
+        future.result(timeout=30)
+    assert set(deliveries) == ids
+
+
+def test_dead_letter_policy_counts_attempts_and_moves_the_message(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Under a dead-letter policy delivery_attempt grows 1..5 on each nack, then the
+    message moves to the dead-letter topic with its data and attributes."""
+    dead_topic = f"projects/{project}/topics/dead"
+    publisher.create_topic(name=dead_topic)
+    dead_sub = f"projects/{project}/subscriptions/dead-reader"
+    subscriber.create_subscription(name=dead_sub, topic=dead_topic)
+    topic, name = _setup(
+        publisher,
+        subscriber,
+        project,
+        dead_letter_policy={"dead_letter_topic": dead_topic, "max_delivery_attempts": 5},
+        retry_policy={
+            "minimum_backoff": duration_pb2.Duration(nanos=100_000_000),
+            "maximum_backoff": duration_pb2.Duration(nanos=200_000_000),
+        },
+    )
+    count = 20
+    ids = {
+        publisher.publish(topic, b"poison %d" % i, kind="poison").result(): i for i in range(count)
+    }
+    attempts: dict[str, list[int]] = collections.defaultdict(list)
+    lock = threading.Lock()
+
+    def always_nack(message: Any) -> None:
+        with lock:
+            attempts[message.message_id].append(message.delivery_attempt)
+        message.nack()
+
+    dead: dict[str, Any] = {}
+
+    def collect(message: Any) -> None:
+        with lock:
+            dead[message.attributes["streamsub.source_message_id"]] = message
+        message.ack()
+
+    future = subscriber.subscribe(name, always_nack)
+    dead_future = subscriber.subscribe(dead_sub, collect)
+    try:
+        wait_for(lambda: len(dead) == count, 60, "every message dead-lettered")
+    finally:
+        for f in (future, dead_future):
+            f.cancel()
+            f.result(timeout=30)
+    assert set(dead) == set(ids)
+    for message_id, seen in attempts.items():
+        assert seen == [1, 2, 3, 4, 5], message_id
+    for source_id, message in dead.items():
+        assert message.data == b"poison %d" % ids[source_id]
+        assert message.attributes["kind"] == "poison"
+        assert message.attributes["streamsub.delivery_attempts"] == "5"
+
+
+def test_exactly_once_ack_after_the_lease_moved_fails(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    redis_client: redis.Redis,
+) -> None:
+    """With exactly-once delivery, acking a delivery whose lease moved to a newer
+    delivery fails with INVALID_ACK_ID; the newer delivery's ack succeeds."""
+    topic, name = _setup(publisher, subscriber, project, enable_exactly_once_delivery=True)
+    message_id = publisher.publish(topic, b"once").result()
+    partition, entry_id = message_id.split("-", 1)
+    stream, group = f"ss:{{{project}~orders.{partition}}}", f"{project}~billing"
+    held: list[Any] = []
+
+    def callback(message: Any) -> None:
+        held.append(message)
+
+    def delivery_count() -> int:
+        pending = redis_client.xpending_range(stream, group, entry_id, entry_id, 1)
+        return int(pending[0]["times_delivered"]) if pending else 0
+
+    future = subscriber.subscribe(name, callback, flow_control=FlowControl(max_messages=1))
+    try:
+        wait_for(lambda: held, 30, "the first delivery")
+        first = held[0]
+        assert first.message_id == message_id
+        # The lease moves: the first delivery is given back and delivered anew.
+        subscriber.modify_ack_deadline(
+            subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0
+        )
+        wait_for(lambda: delivery_count() == 2, 30, "the second delivery")
+        with pytest.raises(sub_exceptions.AcknowledgeError) as failure:
+            first.ack_with_response().result(timeout=30)
+        assert failure.value.error_code == sub_exceptions.AcknowledgeStatus.INVALID_ACK_ID
+        wait_for(lambda: len(held) == 2, 30, "the second delivery in the callback")
+        assert held[1].message_id == message_id
+        assert held[1].ack_with_response().result(timeout=30) == (
+            sub_exceptions.AcknowledgeStatus.SUCCESS
+        )
+    finally:
+        future.cancel()
+        future.result(timeout=30)
+    assert delivery_count() == 0
+    assert not subscriber.pull(subscription=name, max_messages=10).received_messages
+
+
+class _RawStream:
+    """A StreamingPull opened by hand: requests are sent when put; responses collected."""
+
+    def __init__(self, subscriber: pubsub_v1.SubscriberClient, first: Any) -> None:
+        self._requests: collections.deque[Any] = collections.deque([first])
+        self._wake = threading.Condition()
+        self._done = False
+        self.responses: list[Any] = []
+        self.error: BaseException | None = None
+        self._stream = subscriber.streaming_pull(requests=self._generate())
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _generate(self) -> Iterator[Any]:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._requests or self._done)
+                if not self._requests:
+                    return
+                request = self._requests.popleft()
+            yield request
+
+    def _collect(self) -> None:
+        try:
+            for response in self._stream:
+                self.responses.append(response)
+        except BaseException as exc:
+            self.error = exc
+
+    def send(self, request: Any) -> None:
+        with self._wake:
+            self._requests.append(request)
+            self._wake.notify_all()
+
+    def messages(self) -> list[Any]:
+        return [m for r in self.responses for m in r.received_messages]
+
+    def close(self) -> None:
+        with self._wake:
+            self._done = True
+            self._wake.notify_all()
+        self._thread.join(10)
+
+
+def test_server_honours_max_outstanding_and_answers_keepalives(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """The gateway delivers no more than the stream's max_outstanding_messages until
+    some are acked, answers an empty keep-alive request, and puts
+    subscription_properties on every response."""
+    topic, name = _setup(publisher, subscriber, project, enable_message_ordering=True)
+    for future in [publisher.publish(topic, b"m%d" % i) for i in range(300)]:
+        future.result()
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name,
+            stream_ack_deadline_seconds=60,
+            client_id="raw",
+            max_outstanding_messages=40,
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 40, 30, "40 messages")
+        time.sleep(1.0)  # the gateway would deliver more now if it did not count
+        assert len(stream.messages()) == 40
+        before = len(stream.responses)
+        stream.send(gapic.StreamingPullRequest())
+        wait_for(lambda: len(stream.responses) > before, 10, "the keep-alive's answer")
+        assert not stream.responses[before].received_messages
+        assert all(r.subscription_properties.message_ordering_enabled for r in stream.responses)
+        assert not any(
+            r.subscription_properties.exactly_once_delivery_enabled for r in stream.responses
+        )
+        acked = [m.ack_id for m in stream.messages()[:10]]
+        subscriber.acknowledge(subscription=name, ack_ids=acked)
+        wait_for(lambda: len(stream.messages()) >= 50, 30, "10 more messages after 10 acks")
+        time.sleep(0.5)
+        assert len(stream.messages()) == 50
+        stream.send(gapic.StreamingPullRequest(ack_ids=[m.ack_id for m in stream.messages()]))
+        wait_for(lambda: len(stream.messages()) >= 90, 30, "acks on the stream to free room")
+    finally:
+        stream.close()
+    assert stream.error is None
+
+
+def test_streams_end_at_their_lifetime_without_losing_messages(
+    server: Any, project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream ended by its lifetime is reopened by the client, and every message
+    published meanwhile arrives."""
+    # 2.5 s: the client reopens at most 5 streams in 10 s.
+    gateway = GatewayThread(server.url, stream_lifetime=2.5)
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", gateway.host)
+    publisher = pubsub_v1.PublisherClient()
+    subscriber = pubsub_v1.SubscriberClient()
+    try:
+        topic, name = _setup(publisher, subscriber, project)
+        received: set[str] = set()
+        lock = threading.Lock()
+
+        def callback(message: Any) -> None:
+            with lock:
+                received.add(message.message_id)
+            message.ack()
+
+        future = subscriber.subscribe(name, callback)
+        published: set[str] = set()
+        started = time.monotonic()
+        while time.monotonic() - started < 6.0:
+            batch = [publisher.publish(topic, b"t%d" % i) for i in range(100)]
+            published |= {f.result() for f in batch}
+            time.sleep(0.1)
+        wait_for(lambda: received >= published, 60, "every message")
+        future.cancel()
+        future.result(timeout=30)
+        assert gateway.gateway.statistics().streams_opened >= 3
+    finally:
+        subscriber.close()
+        publisher.stop()
+        gateway.stop()
+
+
+def test_acks_and_modacks_on_the_stream_are_confirmed_under_exactly_once(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Acks and modacks sent on the stream itself (as Java's client does) settle
+    messages, and under exactly-once delivery each is confirmed on the stream, with
+    stale ack ids listed as invalid."""
+    topic, name = _setup(publisher, subscriber, project, enable_exactly_once_delivery=True)
+    ids = {f.result() for f in [publisher.publish(topic, b"j%d" % i) for i in range(30)]}
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=100
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 30, 30, "30 messages")
+        messages = stream.messages()
+        assert {m.message.message_id for m in messages} == ids
+        assert all(
+            r.subscription_properties.exactly_once_delivery_enabled for r in stream.responses
+        )
+        ack_ids = [m.ack_id for m in messages]
+        stream.send(
+            gapic.StreamingPullRequest(
+                modify_deadline_ack_ids=ack_ids[:10], modify_deadline_seconds=[120] * 10
+            )
+        )
+        wait_for(
+            lambda: any(r.modify_ack_deadline_confirmation.ack_ids for r in stream.responses),
+            10,
+            "the modack confirmation",
+        )
+        stale = ack_ids[0].replace("/1/", "/7/", 1)
+        stream.send(gapic.StreamingPullRequest(ack_ids=[*ack_ids, stale]))
+        wait_for(
+            lambda: any(r.acknowledge_confirmation.ack_ids for r in stream.responses),
+            10,
+            "the ack confirmation",
+        )
+        confirmation = next(
+            r.acknowledge_confirmation
+            for r in stream.responses
+            if r.acknowledge_confirmation.ack_ids
+        )
+        assert sorted(confirmation.ack_ids) == sorted(ack_ids)
+        assert list(confirmation.invalid_ack_ids) == [stale]
+        modacked = next(
+            r.modify_ack_deadline_confirmation
+            for r in stream.responses
+            if r.modify_ack_deadline_confirmation.ack_ids
+        )
+        assert sorted(modacked.ack_ids) == sorted(ack_ids[:10])
+    finally:
+        stream.close()
+    assert stream.error is None
+    assert not subscriber.pull(subscription=name, max_messages=10).received_messages
+
+
+def test_server_honours_max_outstanding_bytes(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """With max_outstanding_bytes of 3,000 and 300-byte messages, the gateway holds no
+    more than 3,000 bytes out until some are acked."""
+    topic, name = _setup(publisher, subscriber, project)
+    for future in [publisher.publish(topic, bytes(300)) for i in range(100)]:
+        future.result()
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name,
+            stream_ack_deadline_seconds=60,
+            max_outstanding_messages=1000,
+            max_outstanding_bytes=3000,
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 5, 30, "the first messages")
+        time.sleep(1.0)  # the gateway would deliver more now if it did not count bytes
+        held = len(stream.messages())
+        assert 5 <= held <= 10
+        subscriber.acknowledge(subscription=name, ack_ids=[m.ack_id for m in stream.messages()])
+        wait_for(lambda: len(stream.messages()) > held, 30, "more after the acks")
+        time.sleep(0.5)
+        assert len(stream.messages()) - held <= 10
+    finally:
+        stream.close()
+    assert stream.error is None
+
+
+def test_ordered_subscription_gives_each_key_to_one_stream_in_order(
+    gateway: GatewayThread, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Two streams of an ordered subscription share the work, yet each ordering key's
+    messages all go to one stream, in publish order."""
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=PublisherOptions(enable_message_ordering=True)
+    )
+    topic, name = _setup(publisher, subscriber, project, enable_message_ordering=True)
+    waves, per_wave, keys = 6, 300, 30
+    total = waves * per_wave
+    first = gapic.StreamingPullRequest(
+        subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=1000
+    )
+    opened = gateway.gateway.statistics().streams_opened
+    streams = [_RawStream(subscriber, first), _RawStream(subscriber, first)]
+    try:
+        # Both streams share the partitions from the start: a stream that joins
+        # later waits for partitions whose messages the other still holds.
+        wait_for(
+            lambda: gateway.gateway.statistics().streams_opened >= opened + 2,
+            10,
+            "both streams to open",
+        )
+        # A read the first stream began alone covers every partition; it ends
+        # within 0.5 s. (What it took would wait for acks before the second
+        # stream took those partitions over, and this test does not ack.)
+        time.sleep(1.0)
+        # In waves, so that each key's messages come in several publish batches
+        # which, without ownership, either stream could take.
+        for wave in range(waves):
+            futures = [
+                publisher.publish(topic, b"o", ordering_key=f"key-{i % keys}", index=str(i))
+                for i in range(wave * per_wave, (wave + 1) * per_wave)
+            ]
+            for future in futures:
+                future.result()
+            time.sleep(0.05)
+        wait_for(lambda: sum(len(s.messages()) for s in streams) >= total, 30, "every message")
+        owner: dict[str, int] = {}
+        for number, stream in enumerate(streams):
+            assert stream.messages(), "one stream got nothing"
+            order: dict[str, list[int]] = collections.defaultdict(list)
+            for item in stream.messages():
+                key = item.message.ordering_key
+                assert owner.setdefault(key, number) == number, f"{key} on both streams"
+                order[key].append(int(item.message.attributes["index"]))
+            for key, indices in order.items():
+                assert indices == sorted(indices), f"{key} out of order"
+        assert len(owner) == keys
+    finally:
+        for stream in streams:
+            stream.close()
+        publisher.stop()
+
+
+def test_deleting_the_subscription_ends_its_streams_with_not_found(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """A subscription deleted while the client streams it ends the stream with
+    NOT_FOUND, which the client reports as its NotFound exception."""
+    _, name = _setup(publisher, subscriber, project)
+    future = subscriber.subscribe(name, lambda message: message.ack())
+    wait_for(lambda: future.running(), 10, "the stream")
+    time.sleep(0.5)  # the stream is open and reading
+    subscriber.delete_subscription(subscription=name)
+    with pytest.raises(exceptions.NotFound):
+        future.result(timeout=30)
