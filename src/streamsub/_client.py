@@ -68,6 +68,8 @@ DEFAULT_MAX_LEASE_DURATION = 3600.0
 """Pub/Sub's default: a message is extended for at most an hour."""
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 """How long leaving ``subscribe()`` waits for running handlers."""
+PARKED_CONSUMER = "streamsub.delayed"
+"""The consumer name delayed nacks wait under (see nack.lua): not for subscribers."""
 DEFAULT_CONSUMER_EXPIRY = 3600.0
 """A consumer idle this long with nothing pending is deleted from the group."""
 
@@ -686,6 +688,10 @@ class Client:
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise InvalidArgumentError(f"{name} must be seconds > 0, got {value!r}")
+        if consumer == PARKED_CONSUMER:
+            raise InvalidArgumentError(
+                f"consumer {consumer!r} is reserved: delayed nacks wait parked under it"
+            )
         if (
             isinstance(handler_threads, bool)
             or not isinstance(handler_threads, int)

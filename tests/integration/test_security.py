@@ -62,6 +62,7 @@ async def _round_trip(client: streamsub.Client, topic: str) -> None:
     assert received[0].data == b"over tls"
 
 
+@pytest.mark.tls
 async def test_tls_with_the_ca_in_the_url(tls_server: RedisServer, tls_files: TlsFiles) -> None:
     """rediss:// with ?ssl_ca_certs=<CA file> verifies the server and carries
     publishing and subscribing."""
@@ -69,12 +70,14 @@ async def test_tls_with_the_ca_in_the_url(tls_server: RedisServer, tls_files: Tl
         await _round_trip(client, "tls-url")
 
 
+@pytest.mark.tls
 async def test_tls_with_the_ca_as_a_keyword(tls_server: RedisServer, tls_files: TlsFiles) -> None:
     """connect(rediss://..., ssl_ca_certs=<CA file>) works the same as the URL form."""
     async with streamsub.connect(tls_server.url, ssl_ca_certs=tls_files.ca_cert) as client:
         await _round_trip(client, "tls-keyword")
 
 
+@pytest.mark.tls
 @pytest.mark.parametrize("trusted", ["another-ca", "system-cas"])
 async def test_tls_with_an_untrusted_certificate_raises_certificate_error(
     tls_server: RedisServer, tmp_path: Path, trusted: str

@@ -17,6 +17,6 @@ ACL_RULE = (
     "+@stream +@hash +@set +@sortedset "
     "+exists +del +time "
     "+eval +evalsha +script|load "
-    "+ping +select +hello"
+    "+ping +select +hello +info +memory|usage"
 )
 """ACL SETUSER rules, after ``on >password``: what a streamsub client needs on Redis 6.2+."""
