@@ -145,8 +145,21 @@ class InOrderConnection:
                 future.set_exception(
                     exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc))
                 )
-        await connection.disconnect()
-        await self._pool.release(connection)
+        await self._give_back(connection)
+
+    async def _give_back(self, connection: Any) -> None:
+        """Close ``connection`` without waiting on its peer, and return it to the pool.
+
+        Not waiting matters: on a silent connection redis-py (5.0) waits up to
+        its connect timeout for the close, then raises, and the connection never
+        went back to the pool.
+        """
+        try:
+            await connection.disconnect(nowait=True)
+        except (rexc.RedisError, OSError):
+            pass
+        finally:
+            await self._pool.release(connection)
 
     async def close(self) -> None:
         """Give the connection back to the pool."""
@@ -154,5 +167,4 @@ class InOrderConnection:
         if self._reader is not None:
             self._reader.cancel()
         if connection is not None:
-            await connection.disconnect()
-            await self._pool.release(connection)
+            await self._give_back(connection)
