@@ -10,12 +10,25 @@ from typing import Any
 
 from .._errors import NotFoundError
 
-__all__ = ["Backoff", "supervise"]
+__all__ = ["Backoff", "raise_if_cancelled", "supervise"]
 
 log = logging.getLogger("streamsub")
 
 ERROR_BACKOFF = (0.05, 2.0)
 """Retry a failed Redis call after 50 ms, doubling up to 2 s."""
+
+
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if the running task was asked to stop.
+
+    A cancellation that lands inside a Redis call can come out of it as a
+    connection error (redis-py closes the connection); a loop that retries on
+    errors would then swallow the request to stop and run for ever. Every such
+    loop calls this before it retries.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class Backoff:
@@ -30,6 +43,7 @@ class Backoff:
         self._delay = 0.0
 
     async def wait(self, what: str, exc: BaseException) -> None:
+        raise_if_cancelled()
         low, high = ERROR_BACKOFF
         self._delay = min(high, self._delay * 2 or low)
         log.warning("streamsub: %s failed (%s); retrying in %.2f s", what, exc, self._delay)
@@ -52,6 +66,7 @@ async def supervise(
             fatal(exc)
             return
         except Exception:
+            raise_if_cancelled()
             log.exception("streamsub: %s failed; restarting it", what)
             await asyncio.sleep(ERROR_BACKOFF[1])
         else:

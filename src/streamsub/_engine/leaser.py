@@ -15,6 +15,7 @@ import logging
 from .._backends.base import Backend, TopicRecord
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Inventory
+from ._retrying import raise_if_cancelled
 
 __all__ = ["Leaser"]
 
@@ -44,6 +45,7 @@ class Leaser:
         while True:
             await asyncio.sleep(leases.extend_interval)
             await self.extend_due()
+            raise_if_cancelled()
 
     async def extend_due(self) -> None:
         """Extend every lease that is due; forget those that ended or were lost."""
@@ -68,6 +70,7 @@ class Leaser:
         except NotFoundError:
             raise
         except StreamsubError as exc:
+            raise_if_cancelled()
             log.warning("streamsub: extending leases failed: %s", exc)
             return
         settling = self._inventory.settling

@@ -20,7 +20,7 @@ from .._backends.base import Backend, Entry, TopicRecord
 from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Inventory
-from ._retrying import Backoff
+from ._retrying import Backoff, raise_if_cancelled
 
 __all__ = ["READ_BLOCK_MS", "Reader"]
 
@@ -79,6 +79,7 @@ class Reader:
         errors = Backoff()
         inventory = self._inventory
         while not self._stopping:
+            raise_if_cancelled()
             grant = await inventory.reserve(self._share)
             if self._stopping:
                 inventory.unreserve(grant)

@@ -21,7 +21,7 @@ from .._backends.base import Backend, Reclaimed, TopicRecord
 from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Counters, Inventory
-from ._retrying import Backoff
+from ._retrying import Backoff, raise_if_cancelled
 
 __all__ = ["Reclaimer"]
 
@@ -90,6 +90,7 @@ class Reclaimer:
         next_consumer_sweep = self._clock() + sweep_consumers_every
         next_sweep = self._clock()  # at start: take over what others gave back
         while not self._stopping:
+            raise_if_cancelled()
             now = self._clock()
             sweep_at = next_sweep if self._due is None else min(next_sweep, self._due)
             if min(sweep_at, next_consumer_sweep) > now:

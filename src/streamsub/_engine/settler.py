@@ -35,7 +35,7 @@ from .._errors import (
 from .._message import Message
 from .._settings import RetryPolicy
 from ._inventory import Counters, Inventory
-from ._retrying import Backoff
+from ._retrying import Backoff, raise_if_cancelled
 
 __all__ = ["Settler"]
 
@@ -315,6 +315,7 @@ class Settler:
         """Send queued requests until closed and empty."""
         errors = Backoff()
         while True:
+            raise_if_cancelled()
             if not self._pending():
                 if self._closing:
                     return

@@ -21,6 +21,7 @@ from .. import metrics
 from .._backends.base import Backend, SnapshotRecord, TopicRecord
 from .._core.retention import LOCK_TTL, TRIM_BATCH, RetentionResult, floor_of
 from .._errors import StreamsubError
+from ._retrying import raise_if_cancelled
 
 __all__ = ["Trimmer", "enforce_retention", "is_dead_letter_topic", "live_snapshots"]
 
@@ -185,10 +186,13 @@ class Trimmer:
             try:
                 await self.run_once()
             except StreamsubError as exc:
+                raise_if_cancelled()
                 log.warning("streamsub: retention pass failed: %s; trying again later", exc)
             except Exception:  # a bug must not end trimming for the client's lifetime
+                raise_if_cancelled()
                 log.exception("streamsub: retention pass failed; trying again later")
             self.passes += 1
+            raise_if_cancelled()  # a stop request swallowed inside a Redis call
             await asyncio.sleep(self._interval)
 
     async def _names(self) -> set[str]:
