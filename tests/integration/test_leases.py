@@ -214,14 +214,15 @@ async def test_messages_acked_while_their_lease_is_extended_are_not_reported_los
 async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_back(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """Acks that take 2.5 s to reach Redis (ack deadline 1 s), 20 messages on two
-    partitions and two subscribers: the acked messages stay leased until the ack
-    lands, so none is handled twice, by the same subscriber or the other."""
+    """Acks that take 4.5 s to reach Redis (over twice the 2 s ack deadline), 20
+    messages on two partitions and two subscribers: the acked messages stay
+    leased until the ack lands, so none is handled twice, by the same subscriber
+    or the other."""
     redis_client.flushall()
 
     class SlowAcks(RedisBackend):
         async def ack(self, *args: Any, **kwargs: Any) -> int:
-            await asyncio.sleep(2.5)
+            await asyncio.sleep(4.5)
             return await super().ack(*args, **kwargs)
 
     handled: collections.Counter[bytes] = collections.Counter()
@@ -231,7 +232,7 @@ async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_ba
 
     async with streamsub.Client(SlowAcks(server.url)) as client:
         await client.create_topic("lateack", partitions=2)
-        await client.create_subscription("lateack-sub", topic="lateack", ack_deadline=1.0)
+        await client.create_subscription("lateack-sub", topic="lateack", ack_deadline=2.0)
         await client.publish_many(
             "lateack",
             [
@@ -244,7 +245,7 @@ async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_ba
             client.subscribe("lateack-sub", handler, consumer="two"),
         ):
             await until(lambda: len(handled) == 20, 5, "all 20 handled")
-            await asyncio.sleep(4.0)  # past the slow ack and several sweeps
+            await asyncio.sleep(6.0)  # past the slow ack and several sweeps
             assert one.statistics().reclaimed == 0
     assert set(handled.values()) == {1}, handled
     assert all(

@@ -16,7 +16,8 @@ error, which :meth:`Receiver.wait` raises.
 Stopping, in order, all within ``shutdown_timeout`` plus :data:`SHUTDOWN_MARGIN`:
 reads and sweeps end (one at the server finishes, at most a read's block);
 messages read but not started go back without a delivery counted; handlers get
-``shutdown_timeout`` to finish while their leases are still extended; those
+``shutdown_timeout`` to finish while their leases are still extended (and stay
+extended until the flush ends, for acks still on their way); those
 still running are cancelled and their messages given back; then the settler
 flushes every ack, nack and dead letter for up to :data:`FLUSH_TIMEOUT` (less if
 the reads took long to end, so the whole stays in the bound); what cannot be
@@ -250,9 +251,6 @@ class Receiver:
         await self._dispatcher.drain(started + timeout - loop.time())
         for message in self._inventory.messages():
             self._settler.release(message)
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            await asyncio.gather(self._lease_task, return_exceptions=True)
         self._settler.close()
         if self._settle_task is not None:
             # FLUSH_TIMEOUT, or less when ending the reads took long on a short
@@ -272,6 +270,11 @@ class Receiver:
                         self._group,
                         dropped,
                     )
+        # Leases last until the flush is over: an ack still on its way keeps its
+        # message from every other subscriber.
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
         self._dispatcher.close()
         self._unwatch()
         assert self._stopped is not None
