@@ -23,6 +23,11 @@ from .test_streaming import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
+def _outcome(future: Any) -> BaseException | None:
+    """What ended the streaming pull (None while it runs)."""
+    return None if future.running() else future.exception(timeout=0)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -105,7 +110,12 @@ def test_sigterm_and_restart_during_streaming_pull_lose_nothing(
         for _ in range(5):
             published |= {f.result() for f in [publisher.publish(topic, b"c") for _ in range(200)]}
         try:
-            wait_for(lambda: received >= published, 180, "every published message")
+            wait_for(
+                lambda: received >= published or not future.running(),
+                180,
+                "every published message",
+            )
+            assert future.running(), f"the streaming pull ended: {_outcome(future)!r}"
         except AssertionError as exc:
             missing = sorted(published - received)
             raise AssertionError(

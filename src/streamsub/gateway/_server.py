@@ -113,11 +113,18 @@ class Gateway:
         service, self._service = self._service, None
         if service is None:
             return
+        # gRPC stops taking calls first (GOAWAY), then the streams end: a client
+        # reopens its stream the moment it ends, and a call that reaches a gRPC
+        # server as it shuts down is CANCELLED, which clients take as final.
+        stopping = None
+        if self._grpc is not None:
+            stopping = asyncio.ensure_future(self._grpc.stop(self._grace))
+            await asyncio.sleep(0)  # its first step: no new calls from here on
         service.closing.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(service.no_streams.wait(), self._grace)
-        if self._grpc is not None:
-            await self._grpc.stop(self._grace)
+        if stopping is not None:
+            await stopping
         if self._http is not None:
             await self._http.stop()
         await service.close()
