@@ -145,7 +145,8 @@ class FlowController(Generic[T]):
     ) -> list[T]:
         """Count read messages ``(item, size)`` as outstanding, releasing ``grant``;
         return those that start now. ``aside`` are sizes of messages held without a
-        handler (to be dead-lettered): outstanding until ``finished(started=False)``.
+        handler (to be dead-lettered, or held back for order): outstanding until
+        ``finished(started=False)`` or :meth:`admit_later`.
         """
         self._reserved -= grant.messages
         self._reserved_bytes -= grant.bytes
@@ -163,6 +164,12 @@ class FlowController(Generic[T]):
             ):
                 self._running, self._running_bytes = running, running_bytes
                 return [item for item, _ in items]
+        self._hold.extend(items)
+        return self._admit()
+
+    def admit_later(self, items: Sequence[tuple[T, int]]) -> list[T]:
+        """Messages counted outstanding earlier without a handler (``aside``, held
+        back for order) may run now: return those that start now, hold the rest."""
         self._hold.extend(items)
         return self._admit()
 

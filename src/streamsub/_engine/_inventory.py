@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .._core.flow import FlowController, Grant
 from .._core.lease import LeaseBook
+from .._core.ordering import KeyOrder, position
 from .._message import Message
 from .._settings import FlowControl
 
@@ -51,8 +52,11 @@ class Inventory:
         ack_deadline: float,
         max_lease_duration: float,
         clock: Callable[[], float],
+        ordered: bool = False,
     ) -> None:
         self.flow: FlowController[Message] = FlowController(flow_control)
+        self.order: KeyOrder[Message] | None = KeyOrder() if ordered else None
+        """On an ordered subscription: which message of each key may run."""
         self.leases: LeaseBook[Key] = LeaseBook(
             ack_deadline=ack_deadline, max_lease_duration=max_lease_duration
         )
@@ -103,17 +107,30 @@ class Inventory:
                 # delivery is no longer ours to settle, and its budget is free.
                 self.leases.remove(key)
                 self.flow.finished(old._size, started=old._started)
+                self._forget_order(old)
             held[key] = message
             keys.append(key)
         self.leases.add_many(keys, self._clock())
+        order = self.order
+        if order is not None:
+            ready: list[Message] = []
+            later = list(aside)
+            for message in messages:
+                key_ = message.ordering_key
+                if not key_ or order.offer(key_, position(message._entry_id), message):
+                    ready.append(message)
+                else:
+                    later.append(message._size)
+            messages, aside = ready, later
         admitted = self.flow.received([(m, m._size) for m in messages], grant, aside=aside)
         if len(messages) + len(aside) < grant.messages:
             self._room.set()
         if admitted:
             self._start(admitted)
 
-    def settle(self, message: Message) -> bool:
-        """Take ``message`` out (acked, nacked, dead-lettered or given back); return
+    def settle(self, message: Message, *, done: bool = True) -> bool:
+        """Take ``message`` out: acked or dead-lettered (``done``), or nacked or given
+        back (its key, on an ordered subscription, blocks until it is back). Return
         False when it is not held (settled before, or a newer delivery is held)."""
         key = (message._partition, message._entry_id)
         if self.held.get(key) is not message:
@@ -121,10 +138,32 @@ class Inventory:
         del self.held[key]
         self.settling.add(key)  # its lease stays until the server has the outcome
         admitted = self.flow.finished(message._size, started=message._started)
+        if self.order is not None and message.ordering_key:
+            if message._started:
+                at = position(message._entry_id)
+                after = self.order.done(message.ordering_key, at, settled=done)
+                admitted += self.flow.admit_later([(m, m._size) for m in after])
+            else:
+                self._forget_order(message)
         self._room.set()
         if admitted:
             self._start(admitted)
         return True
+
+    def unblock(self, ordering_key: str, entry_id: str) -> None:
+        """The entry ``ordering_key`` is blocked on was settled without coming back
+        here: the key's next message may run."""
+        if self.order is not None:
+            after = self.order.unblock(ordering_key, position(entry_id))
+            if after:
+                admitted = self.flow.admit_later([(m, m._size) for m in after])
+                if admitted:
+                    self._start(admitted)
+
+    def _forget_order(self, message: Message) -> None:
+        """A message no handler saw is no longer held."""
+        if self.order is not None and message.ordering_key and not message._started:
+            self.order.discard(message.ordering_key, position(message._entry_id))
 
     def sent(self, partition: int, entry_ids: Iterable[str]) -> None:
         """The server has the outcome of these entries: their leases end."""
@@ -151,7 +190,8 @@ class Inventory:
 
     def drain_hold(self) -> list[Message]:
         """The messages read but not started (at shutdown, to give them back)."""
-        return self.flow.drain_hold()
+        waiting = self.order.drain() if self.order is not None else []
+        return [*self.flow.drain_hold(), *waiting]
 
     def held_ids(self) -> dict[int, list[str]]:
         """Entry ids held or settling, per partition: what our reclaimer leaves alone."""

@@ -164,4 +164,6 @@ class Intake:
             item.last_delivery_ms,
             aside=size,
         )
+        if decoded is not None and decoded.ordering_key:
+            self._inventory.unblock(decoded.ordering_key, entry.entry_id)
         return size

@@ -93,6 +93,9 @@ class ReceiverStatistics:
     running: int
     """Handlers running now."""
     flow: FlowStatistics
+    held_for_order: int = 0
+    """Messages held until the one before them of their ordering key is settled
+    (ordered subscriptions)."""
 
 
 class Receiver:
@@ -129,6 +132,7 @@ class Receiver:
             ack_deadline=ack_deadline,
             max_lease_duration=max_lease_duration,
             clock=clock,
+            ordered=bool(settings.get("enable_message_ordering")),
         )
         common: dict[str, Any] = {
             "backend": backend,
@@ -311,6 +315,7 @@ class Receiver:
             handler_errors=c.handler_errors,
             running=self._dispatcher.running,
             flow=self._inventory.flow.statistics(),
+            held_for_order=order.waiting if (order := self._inventory.order) else 0,
         )
 
     # --- between the parts -------------------------------------------------------

@@ -182,7 +182,7 @@ class Settler:
             self._inventory.leases.set_deadline(key, self._inventory.now(), seconds)
 
     def _give_back(self, message: Message, delay_ms: int) -> None:
-        if not self._inventory.settle(message):
+        if not self._inventory.settle(message, done=False):
             return
         self._nacks[message._partition].append(
             NackItem(
@@ -195,7 +195,7 @@ class Settler:
     def release(self, message: Message) -> None:
         """Give ``message`` back at once (shutdown): not a failure, no backoff; one
         no handler saw does not count as delivered."""
-        if not self._inventory.settle(message):
+        if not self._inventory.settle(message, done=False):
             return
         self._nacks[message._partition].append(
             NackItem(
@@ -278,7 +278,7 @@ class Settler:
                 "ack_with_response() and nack_with_response() are coroutines of the "
                 "subscriber's event loop; from a plain def handler call ack() or nack()"
             )
-        if not self._inventory.settle(message):
+        if not self._inventory.settle(message, done=queue is self._owned):
             raise AckError(
                 f"message {message.message_id} (attempt {message.delivery_attempt}) was "
                 "settled before or its lease was lost",

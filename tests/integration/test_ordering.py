@@ -1,0 +1,169 @@
+"""Ordered subscriptions in one subscriber: a key's messages go to handlers one at
+a time, in publish order; a nack holds the key's later messages back; keys are
+independent. Against a real redis-server, with many keys over several partitions."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import streamsub
+from tests._wait import until
+
+KEYS = 40
+PER_KEY = 50
+
+
+class KeyWatch:
+    """Records, per key, the order of first handlings and how many ran at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: collections.Counter[str] = collections.Counter()
+        self.most_at_once_per_key = 0
+        self.running = 0
+        self.most_running = 0
+        self.first: dict[str, list[int]] = collections.defaultdict(list)
+        self.seen: set[tuple[str, int]] = set()
+
+    def enter(self, message: streamsub.Message) -> None:
+        key = message.ordering_key or ""
+        with self.lock:
+            self.active[key] += 1
+            self.most_at_once_per_key = max(self.most_at_once_per_key, self.active[key])
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            index = int(message.data.split(b":")[1])
+            if (key, index) not in self.seen:
+                self.seen.add((key, index))
+                self.first[key].append(index)
+
+    def leave(self, message: streamsub.Message) -> None:
+        with self.lock:
+            self.active[message.ordering_key or ""] -= 1
+            self.running -= 1
+
+    @property
+    def handled(self) -> int:
+        return len(self.seen)
+
+
+def _handlers(watch: KeyWatch) -> dict[str, Callable[[streamsub.Message], Any]]:
+    rng = random.Random(3)
+
+    async def with_timeout(message: streamsub.Message) -> None:
+        watch.enter(message)
+        try:
+            async with asyncio.timeout(5):
+                await asyncio.sleep(rng.random() * 0.004)
+        finally:
+            watch.leave(message)
+
+    def plain(message: streamsub.Message) -> None:
+        watch.enter(message)
+        time.sleep(rng.random() * 0.004)
+        watch.leave(message)
+
+    async def work(message: streamsub.Message) -> None:
+        watch.enter(message)
+        await asyncio.sleep(rng.random() * 0.004)
+        watch.leave(message)
+
+    return {"asyncio.timeout": with_timeout, "plain def": plain, "lambda": lambda m: work(m)}
+
+
+async def _publish_keys(client: streamsub.Client, topic: str, keys: list[str], count: int) -> None:
+    # Keys interleaved, in batches, so that a read brings many keys and many of each.
+    messages = [
+        streamsub.OutgoingMessage(data=f"{key}:{n}".encode(), ordering_key=key)
+        for n in range(count)
+        for key in keys
+    ]
+    for start in range(0, len(messages), 500):
+        await client.publish_many(topic, messages[start : start + 500])
+
+
+@pytest.mark.parametrize("kind", ["asyncio.timeout", "plain def", "lambda"])
+async def test_each_key_runs_one_at_a_time_in_publish_order(
+    client: streamsub.Client, kind: str
+) -> None:
+    """2,000 messages over 40 keys and 4 partitions, read in batches: never two
+    handlers of one key at once, each key's messages first handled in publish
+    order, and many keys' handlers running at the same time."""
+    await client.create_topic("orders", partitions=4)
+    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    watch = KeyWatch()
+    keys = [f"customer-{k}" for k in range(KEYS)]
+    async with client.subscribe("billing", _handlers(watch)[kind]):
+        await _publish_keys(client, "orders", keys, PER_KEY)
+        await until(lambda: watch.handled == KEYS * PER_KEY, 60, "every message")
+    assert watch.most_at_once_per_key == 1
+    assert watch.first == {key: list(range(PER_KEY)) for key in keys}
+    assert watch.most_running > 4, "keys did not run side by side"
+
+
+async def test_unordered_subscription_runs_one_key_side_by_side(
+    client: streamsub.Client,
+) -> None:
+    """Without enable_message_ordering a key's messages run concurrently (most
+    throughput): the ordered path is not taken."""
+    await client.create_topic("orders", partitions=2)
+    await client.create_subscription("billing", topic="orders")
+    watch = KeyWatch()
+    async with client.subscribe("billing", _handlers(watch)["asyncio.timeout"]):
+        await _publish_keys(client, "orders", ["hot"], 300)
+        await until(lambda: watch.handled == 300, 30, "every message")
+    assert watch.most_at_once_per_key > 1
+
+
+async def test_a_nacked_message_holds_back_its_key_while_other_keys_flow(
+    client: streamsub.Client,
+) -> None:
+    """Message 5 of key "slow" is nacked with a 4 s backoff: nothing later of that
+    key is handled until it is handled again (attempt 2), while other keys'
+    messages published after the nack are all handled before it comes back."""
+    await client.create_topic("orders", partitions=4)
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        enable_message_ordering=True,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=4.0, maximum_backoff=4.0),
+    )
+    handled: list[tuple[str, int, int, float]] = []  # key, index, attempt, when
+    nacked = asyncio.Event()
+
+    async def handler(message: streamsub.Message) -> None:
+        key = message.ordering_key or ""
+        index = int(message.data.split(b":")[1])
+        handled.append((key, index, message.delivery_attempt, time.monotonic()))
+        if key == "slow" and index == 5 and message.delivery_attempt == 1:
+            nacked.set()
+            raise RuntimeError("not yet")
+
+    others = [f"other-{k}" for k in range(10)]
+    async with client.subscribe("billing", handler):
+        await _publish_keys(client, "orders", ["slow"], 20)
+        await asyncio.wait_for(nacked.wait(), 30)
+        nack_time = time.monotonic()
+        await _publish_keys(client, "orders", others, 20)
+        await until(
+            lambda: sum(1 for key, *_ in handled if key == "slow") == 21, 60, "every slow message"
+        )
+        await until(
+            lambda: sum(1 for key, *_ in handled if key != "slow") == 200, 30, "the other keys"
+        )
+    slow = [(index, attempt) for key, index, attempt, _ in handled if key == "slow"]
+    assert slow == [(n, 1) for n in range(6)] + [(5, 2)] + [(n, 1) for n in range(6, 20)]
+    again = next(
+        when for key, index, attempt, when in handled if (key, index, attempt) == ("slow", 5, 2)
+    )
+    assert again - nack_time >= 3.5, "the backoff was not kept"
+    last_other = max(when for key, _, _, when in handled if key != "slow")
+    assert last_other < again, "other keys waited for the slow key"
