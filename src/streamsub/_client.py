@@ -15,7 +15,14 @@ from types import TracebackType
 from typing import Literal, Self
 
 from . import metrics, tracing
-from ._backends.base import Backend, GroupInfo, SnapshotRecord, SubscriptionRecord, TopicRecord
+from ._backends.base import (
+    PARKED_CONSUMER,
+    Backend,
+    GroupInfo,
+    SnapshotRecord,
+    SubscriptionRecord,
+    TopicRecord,
+)
 from ._core.codec import Encoded, encode
 from ._core.names import check_name
 from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
@@ -68,8 +75,6 @@ DEFAULT_MAX_LEASE_DURATION = 3600.0
 """Pub/Sub's default: a message is extended for at most an hour."""
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 """How long leaving ``subscribe()`` waits for running handlers."""
-PARKED_CONSUMER = "streamsub.delayed"
-"""The consumer name delayed nacks wait under (see nack.lua): not for subscribers."""
 DEFAULT_CONSUMER_EXPIRY = 3600.0
 """A consumer idle this long with nothing pending is deleted from the group."""
 

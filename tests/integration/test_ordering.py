@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 import streamsub
 from tests._wait import until
@@ -167,3 +168,48 @@ async def test_a_nacked_message_holds_back_its_key_while_other_keys_flow(
     assert again - nack_time >= 3.5, "the backoff was not kept"
     last_other = max(when for key, _, _, when in handled if key != "slow")
     assert last_other < again, "other keys waited for the slow key"
+
+
+@pytest.mark.parametrize("fate", ["acked elsewhere", "taken by another subscriber"])
+async def test_a_blocked_key_moves_on_when_its_nacked_message_is_settled_elsewhere(
+    client: streamsub.Client, redis_client: redis.Redis, fate: str
+) -> None:
+    """A nacked message blocks its key here until it comes back. If another
+    subscriber takes it (or acknowledges it) instead, this subscriber sees so on
+    its next sweep and hands the key's later messages out, rather than holding
+    them until their leases run out."""
+    await client.create_topic("orders", partitions=2)
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        ack_deadline=2.0,
+        enable_message_ordering=True,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=600.0, maximum_backoff=600.0),
+    )
+    handled: list[tuple[str, int]] = []
+    nacked: list[str] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        key = message.ordering_key or ""
+        index = int(message.data.split(b":")[1])
+        handled.append((key, index))
+        if index == 2 and message.delivery_attempt == 1:
+            nacked.append(message.message_id)
+            raise RuntimeError("later")
+
+    keys = ["a", "b", "c"]
+    async with client.subscribe("billing", handler):
+        await _publish_keys(client, "orders", keys, 10)
+        await until(lambda: len(nacked) == 3 and len(handled) == 9, 30, "the nacks")
+        await asyncio.sleep(1.0)  # a sweep or two: nothing later of a blocked key runs
+        assert sorted(handled) == [(key, n) for key in keys for n in range(3)]
+        for message_id in nacked:
+            partition, entry_id = message_id.split("-", 1)
+            stream = f"ss:{{orders.{partition}}}"
+            if fate == "acked elsewhere":
+                redis_client.xack(stream, "billing", entry_id)
+            else:
+                redis_client.xclaim(stream, "billing", "another-subscriber", 0, [entry_id])
+        await until(lambda: len(handled) == 30, 15, "the blocked keys to move on")
+    for key in keys:
+        assert [n for k, n in handled if k == key] == list(range(10))

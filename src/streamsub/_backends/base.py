@@ -18,6 +18,7 @@ from .._core.seek import PartitionPosition, PartitionSeek
 from .._core.stats import PartitionCounts
 
 __all__ = [
+    "PARKED_CONSUMER",
     "Backend",
     "Entry",
     "GroupInfo",
@@ -30,6 +31,10 @@ __all__ = [
     "SubscriptionRecord",
     "TopicRecord",
 ]
+
+
+PARKED_CONSUMER = "streamsub.delayed"
+"""The consumer name delayed nacks wait under (see nack.lua): not for subscribers."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -288,6 +293,13 @@ class Backend(Protocol):
     ) -> list[str]:
         """Delete consumers other than ``consumer`` with no pending entries, idle
         for ``min_idle_ms``."""
+        ...
+
+    async def pending_owners(
+        self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]
+    ) -> dict[tuple[int, str], str | None]:
+        """Per (partition, id): the consumer whose pending list holds the entry, or
+        None when it is pending nowhere (acknowledged, or trimmed)."""
         ...
 
     # --- operations: retention --------------------------------------------------

@@ -62,6 +62,11 @@ class KeyOrder(Generic[T]):
         """Messages held back for order."""
         return len(self._items)
 
+    def blocked_on(self, key: str) -> Position | None:
+        """The entry ``key`` is blocked on, if it is."""
+        state = self._keys.get(key)
+        return None if state is None else state.blocked
+
     def blocked(self) -> dict[str, Position]:
         """Keys blocked on a nacked entry, and that entry."""
         return {key: s.blocked for key, s in self._keys.items() if s.blocked is not None}

@@ -57,6 +57,8 @@ class Inventory:
         self.flow: FlowController[Message] = FlowController(flow_control)
         self.order: KeyOrder[Message] | None = KeyOrder() if ordered else None
         """On an ordered subscription: which message of each key may run."""
+        self.blocking: dict[Key, str] = {}
+        """Entries that block their ordering key (nacked or given back), and the key."""
         self.leases: LeaseBook[Key] = LeaseBook(
             ack_deadline=ack_deadline, max_lease_duration=max_lease_duration
         )
@@ -145,15 +147,21 @@ class Inventory:
                 admitted += self.flow.admit_later([(m, m._size) for m in after])
             else:
                 self._forget_order(message)
+            if done:
+                self.blocking.pop(key, None)
+            elif self.order.blocked_on(message.ordering_key) is not None:
+                self.blocking[key] = message.ordering_key
         self._room.set()
         if admitted:
             self._start(admitted)
         return True
 
-    def unblock(self, ordering_key: str, entry_id: str) -> None:
-        """The entry ``ordering_key`` is blocked on was settled without coming back
-        here: the key's next message may run."""
-        if self.order is not None:
+    def unblock(self, partition: int, entry_id: str) -> None:
+        """The entry that blocks an ordering key was settled without coming back here
+        (dead-lettered out of attempts, taken by another subscriber, trimmed): the
+        key's next message may run."""
+        ordering_key = self.blocking.pop((partition, entry_id), None)
+        if self.order is not None and ordering_key is not None:
             after = self.order.unblock(ordering_key, position(entry_id))
             if after:
                 admitted = self.flow.admit_later([(m, m._size) for m in after])

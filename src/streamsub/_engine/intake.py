@@ -164,6 +164,5 @@ class Intake:
             item.last_delivery_ms,
             aside=size,
         )
-        if decoded is not None and decoded.ordering_key:
-            self._inventory.unblock(decoded.ordering_key, entry.entry_id)
+        self._inventory.unblock(entry.partition, entry.entry_id)
         return size

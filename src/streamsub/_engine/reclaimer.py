@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from .. import metrics
-from .._backends.base import Backend, Reclaimed, TopicRecord
+from .._backends.base import PARKED_CONSUMER, Backend, Reclaimed, TopicRecord
 from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Counters, Inventory
@@ -173,8 +173,29 @@ class Reclaimer:
                     self._group,
                 )
             self._deliver(taken, grant)
+            for item in found:
+                if item.state == "lost":
+                    inventory.unblock(item.entry.partition, item.entry.entry_id)
             cursors.update(next_cursors)
             cursors = {p: c for p, c in cursors.items() if c != "0-0"}
+        if inventory.blocking and not self._stopping:
+            await self._check_blocking()
+
+    async def _check_blocking(self) -> None:
+        """Ordered subscriptions: a key blocked on a nacked entry waits for that entry
+        to come back here. Another subscriber may take it instead, or it may be
+        acknowledged or trimmed meanwhile; then the key moves on."""
+        inventory = self._inventory
+        ids: dict[int, list[str]] = {}
+        for partition, entry_id in inventory.blocking:
+            if (partition, entry_id) not in inventory.settling:  # our nack is sent
+                ids.setdefault(partition, []).append(entry_id)
+        if not ids:
+            return
+        owners = await self._backend.pending_owners(self._topic, self._group, ids)
+        for (partition, entry_id), owner in owners.items():
+            if owner not in (self._consumer, PARKED_CONSUMER):
+                inventory.unblock(partition, entry_id)
 
     async def _delete_idle_consumers(self) -> None:
         deleted = await self._backend.delete_idle_consumers(

@@ -817,6 +817,22 @@ class RedisBackend:
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})
 
+    async def pending_owners(
+        self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]
+    ) -> dict[tuple[int, str], str | None]:
+        keys = self._keys(topic)
+        wanted = [(p, entry_id) for p, entry_ids in ids.items() for entry_id in entry_ids]
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for p, entry_id in wanted:
+                    pipe.xpending_range(keys[p], group, min=entry_id, max=entry_id, count=1)
+                replies = await pipe.execute()
+        owners: dict[tuple[int, str], str | None] = {}
+        for where, reply in zip(wanted, replies, strict=True):
+            owner = reply[0]["consumer"] if reply else None
+            owners[where] = owner.decode() if isinstance(owner, bytes) else owner
+        return owners
+
     # --- operations: retention --------------------------------------------------
     async def server_info(self) -> ServerInfo:
         try:
