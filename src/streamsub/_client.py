@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
@@ -655,7 +656,7 @@ class Client:
         flow_control: FlowControl | None = None,
         ack_mode: AckMode = "auto",
         consumer: str | None = None,
-        max_lease_duration: float = DEFAULT_MAX_LEASE_DURATION,
+        max_lease_duration: float | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         consumer_expiry: float = DEFAULT_CONSUMER_EXPIRY,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
@@ -669,10 +670,11 @@ class Client:
         that raises nacks; with ``"manual"`` the handler calls ``message.ack()``
         or ``message.nack()`` (plain calls, from any thread).
         ``flow_control`` bounds what is held at once (default 1000 messages,
-        100 MiB). ``consumer`` names this subscriber in the consumer group
-        (default ``host-pid-n``, for the n-th subscriber of the process).
-        Messages are leased while their handlers run, for at most
-        ``max_lease_duration`` (default 1 hour). Leaving the block waits up to
+        100 MiB) and how long: messages are leased while their handlers run, for
+        at most its ``max_lease_duration`` (default 1 hour; the
+        ``max_lease_duration`` argument is deprecated). ``consumer`` names this
+        subscriber in the consumer group (default ``host-pid-n``, for the n-th
+        subscriber of the process). Leaving the block waits up to
         ``shutdown_timeout`` (default 30 s) for running handlers, and at most
         ``SHUTDOWN_MARGIN`` seconds more in all. Consumers of the group idle for
         ``consumer_expiry`` (default 1 hour) that hold no message are deleted.
@@ -686,8 +688,20 @@ class Client:
             raise InvalidTypeError(f"handler must be callable, got {handler!r}")
         if ack_mode not in ("auto", "manual"):
             raise InvalidArgumentError(f"ack_mode must be 'auto' or 'manual', got {ack_mode!r}")
+        if flow_control is not None and not isinstance(flow_control, FlowControl):
+            raise InvalidTypeError(
+                f"flow_control must be a streamsub.FlowControl, got {flow_control!r}"
+            )
+        flow_control = flow_control or FlowControl()
+        if max_lease_duration is not None:
+            warnings.warn(
+                "subscribe(max_lease_duration=...) is deprecated: pass "
+                "flow_control=streamsub.FlowControl(max_lease_duration=...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            flow_control = dataclasses.replace(flow_control, max_lease_duration=max_lease_duration)
         for name, value in (
-            ("max_lease_duration", max_lease_duration),
             ("shutdown_timeout", shutdown_timeout),
             ("consumer_expiry", consumer_expiry),
         ):
@@ -705,15 +719,11 @@ class Client:
             raise InvalidArgumentError(
                 f"handler_threads must be a whole number >= 1, got {handler_threads!r}"
             )
-        if max_lease_duration > DEFAULT_MAX_LEASE_DURATION:
+        if flow_control.max_lease_duration > DEFAULT_MAX_LEASE_DURATION:
             log.warning(
                 "streamsub: max_lease_duration=%s s is over an hour: a stuck handler holds its "
                 "message that long before another subscriber may take it",
-                max_lease_duration,
-            )
-        if flow_control is not None and not isinstance(flow_control, FlowControl):
-            raise InvalidTypeError(
-                f"flow_control must be a streamsub.FlowControl, got {flow_control!r}"
+                flow_control.max_lease_duration,
             )
         if self._trimmer is not None:
             self._trimmer.watch_subscription(subscription)
@@ -721,10 +731,9 @@ class Client:
             self,
             subscription,
             handler,
-            flow_control=flow_control or FlowControl(),
+            flow_control=flow_control,
             ack_mode=ack_mode,
             consumer=consumer or _default_consumer(),
-            max_lease_duration=max_lease_duration,
             shutdown_timeout=shutdown_timeout,
             consumer_expiry=consumer_expiry,
             handler_threads=handler_threads,
@@ -941,7 +950,6 @@ class Subscriber:
         flow_control: FlowControl,
         ack_mode: AckMode,
         consumer: str,
-        max_lease_duration: float,
         shutdown_timeout: float,
         consumer_expiry: float,
         handler_threads: int,
@@ -953,7 +961,6 @@ class Subscriber:
             "flow_control": flow_control,
             "ack_mode": ack_mode,
             "consumer": consumer,
-            "max_lease_duration": max_lease_duration,
             "consumer_expiry": consumer_expiry,
             "shutdown_timeout": shutdown_timeout,
             "handler_threads": handler_threads,

@@ -44,20 +44,25 @@ def _positive(owner: str, name: str, value: float, *, integer: bool = False) -> 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class FlowControl:
-    """How much a subscriber holds at once; reading pauses at either limit.
+    """How much a subscriber holds at once, and for how long (Pub/Sub's names).
 
-    ``max_messages`` (default 1000) bounds messages read but not yet acked or
-    nacked; ``max_bytes`` (default 100 MiB) bounds the data of the messages
-    whose handlers run. A single message larger than ``max_bytes`` still runs,
-    alone, so that it cannot block the subscription.
+    ``max_messages`` (default 1000) and ``max_bytes`` (default 100 MiB) bound
+    the messages read and not yet acked, nacked or dead-lettered, and their
+    data. Reading pauses when either is reached and resumes once both are
+    below 80 %. A single message larger than ``max_bytes`` still runs, alone,
+    so that it cannot block the subscription. ``max_lease_duration`` (default
+    1 hour) is how long a message's lease is extended while its handler runs;
+    after that another subscriber may take it.
     """
 
     max_messages: int = 1000
     max_bytes: int = 100 * 2**20
+    max_lease_duration: float = 3600.0
 
     def __post_init__(self) -> None:
         _positive("FlowControl", "max_messages", self.max_messages, integer=True)
         _positive("FlowControl", "max_bytes", self.max_bytes, integer=True)
+        _positive("FlowControl", "max_lease_duration", self.max_lease_duration)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import redis
@@ -50,6 +51,59 @@ async def test_held_bytes_stay_under_max_bytes_with_large_messages(
     assert max(held) <= 1_000_000, max(held)
     assert max(held) >= 800_000  # the budget was used, not starved
     assert handled == 40
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_max_messages_50_over_a_backlog_of_100000(client: streamsub.Client) -> None:
+    """A backlog of 100,000 messages over 8 partitions, max_messages=50: sampled
+    throughout, never more than 50 handlers at once and never more than 50
+    messages held unacked; reading pauses at full load (and resumes); the
+    process's memory stays flat from the first 10,000 to the last."""
+    await client.create_topic("backlog", partitions=8)
+    await client.create_subscription("backlog-sub", topic="backlog")
+    payload = b"x" * 200
+    for _ in range(20):
+        await client.publish_many("backlog", [payload] * 5000)
+    running = most_running = handled = 0
+    rss_after_warmup = 0
+
+    async def handler(message: streamsub.Message) -> None:
+        nonlocal running, most_running, handled, rss_after_warmup
+        running += 1
+        most_running = max(most_running, running)
+        await asyncio.sleep(0.002)
+        running -= 1
+        handled += 1
+        if handled == 10_000:
+            rss_after_warmup = _rss_bytes()
+
+    held: list[int] = []
+    paused = 0
+    flow = streamsub.FlowControl(max_messages=50)
+    async with client.subscribe("backlog-sub", handler, flow_control=flow) as sub:
+
+        def sample() -> bool:
+            nonlocal paused
+            stats = sub.statistics()
+            held.append(stats.flow.outstanding_messages)
+            paused += stats.flow.paused
+            return stats.acked == 100_000
+
+        await until(sample, 240, "all 100,000 acked")
+    growth = _rss_bytes() - rss_after_warmup
+    assert handled == 100_000
+    assert most_running <= 50
+    assert max(held) <= 50, max(held)
+    assert max(held) >= 40  # the budget was used, not starved
+    assert most_running >= 40
+    assert 0 < paused < len(held), "reading never paused at full load, or never resumed"
+    assert growth < 30 * 2**20, f"memory grew by {growth / 2**20:.1f} MiB"
 
 
 async def test_delete_subscription_raises_what_the_server_refused(

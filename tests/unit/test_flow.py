@@ -351,3 +351,49 @@ class FlowMachine(RuleBasedStateMachine):
 def test_flow_controller_invariants_hold_under_random_events() -> None:
     """Under any reads, finishes and drains the limits hold, order is kept and nothing stalls."""
     run_state_machine_as_test(FlowMachine)
+
+
+def _fill(flow: FlowController[str], count: int) -> list[str]:
+    names = [f"m{n}" for n in range(count)]
+    grant = flow.reserve(count)
+    assert grant.messages == count
+    flow.received([(name, 1) for name in names], grant)
+    return names
+
+
+def test_reading_pauses_at_full_load_and_resumes_below_80_percent() -> None:
+    """Once the budget is full nothing more is granted as single handlers finish:
+    not at 90 %, not at 80 %; below 80 % a read may take the free fifth at once."""
+    flow = warmed(10)
+    _fill(flow, 10)
+    assert flow.statistics().paused
+    flow.finished(1)
+    assert flow.reserve(5) == Grant(0, 0)  # 90 %
+    flow.finished(1)
+    assert flow.reserve(5) == Grant(0, 0)  # 80 %: not below it yet
+    flow.finished(1)
+    assert flow.reserve(5).messages == 3  # 70 %: the free three at once
+    assert flow.statistics().paused  # and that filled it again
+
+
+def test_below_full_load_reads_are_granted_as_before() -> None:
+    """A subscriber that never fills its budget never pauses."""
+    flow = warmed(10)
+    _fill(flow, 3)
+    _fill(flow, 3)
+    assert not flow.statistics().paused
+    flow.finished(1)
+    assert flow.reserve(2).messages == 2
+
+
+def test_bytes_at_full_load_pause_reading_too() -> None:
+    """The byte bound pauses and resumes like the message bound."""
+    flow = controller(max_messages=1000, max_bytes=100)
+    first = flow.reserve(1)
+    flow.received([("a", 50)], first)  # the estimate is now 50 bytes
+    second = flow.reserve(10)
+    assert second.messages == 1  # 50 free bytes: one at the estimate, and that is full
+    flow.received([("b", 50)], second)
+    assert flow.statistics().paused
+    flow.finished(50)  # 50 % of the bytes
+    assert flow.reserve(10).messages == 1

@@ -24,6 +24,12 @@ The bounds, exactly:
   ``max_messages`` run and its bytes fit under ``max_bytes``; the others wait on
   hold in arrival order.
 
+Reading pauses at full load and resumes below :data:`RESUME_THRESHOLD` (80 %),
+as Pub/Sub's clients do: once a reservation takes the last of the budget, no
+more is granted until what is outstanding and reserved falls under 80 % of
+both bounds, so a subscriber at capacity reads a fifth of its budget at a time
+rather than one message per finished handler.
+
 The reclaimer reserves like a reader. Idle reads hold their reservation while
 the server blocks them, so a reclaimer that finds no room asks for *priority*:
 readers are then refused until the reclaimer has reserved (they give their
@@ -39,9 +45,12 @@ from typing import Generic, NamedTuple, TypeVar
 
 from .._settings import FlowControl
 
-__all__ = ["FlowController", "FlowStatistics", "Grant"]
+__all__ = ["RESUME_THRESHOLD", "FlowController", "FlowStatistics", "Grant"]
 
 T = TypeVar("T")
+
+RESUME_THRESHOLD = 0.8
+"""Reading paused at full load resumes once the load is below this (python-pubsub's)."""
 
 
 class Grant(NamedTuple):
@@ -63,6 +72,8 @@ class FlowStatistics:
     running_messages: int
     running_bytes: int
     on_hold: int
+    paused: bool = False
+    """Reading is paused: the budget was full and the load is not yet below 80 %."""
 
 
 class FlowController(Generic[T]):
@@ -75,6 +86,7 @@ class FlowController(Generic[T]):
         "_max_messages",
         "_outstanding",
         "_outstanding_bytes",
+        "_paused",
         "_priority",
         "_reserved",
         "_reserved_bytes",
@@ -93,6 +105,7 @@ class FlowController(Generic[T]):
         self._running_bytes = 0
         self._estimate = settings.max_bytes  # until a read shows the real size
         self._priority = False
+        self._paused = False
         self._hold: collections.deque[tuple[T, int]] = collections.deque()
 
     @property
@@ -115,17 +128,30 @@ class FlowController(Generic[T]):
             return NO_GRANT
         free = self._max_messages - self._outstanding - self._reserved
         free_bytes = self._max_bytes - self._outstanding_bytes - self._reserved_bytes
+        if self._paused:
+            if self.load() >= RESUME_THRESHOLD:
+                return NO_GRANT
+            self._paused = False
         count = min(wanted, free, free_bytes // self._estimate)
         if count <= 0:
             if not (wanted > 0 and self.idle):
                 return NO_GRANT
             count = 1  # a message larger than max_bytes still flows, alone
         grant = Grant(count, count * self._estimate)
+        if count >= free or free_bytes - grant.bytes < self._estimate:
+            self._paused = True  # full load: the next read waits for 80 %
         self._reserved += grant.messages
         self._reserved_bytes += grant.bytes
         if priority:
             self._priority = False
         return grant
+
+    def load(self) -> float:
+        """Outstanding and reserved, as a share of the tighter bound."""
+        return max(
+            (self._outstanding + self._reserved) / self._max_messages,
+            (self._outstanding_bytes + self._reserved_bytes) / self._max_bytes,
+        )
 
     def want_priority(self) -> None:
         """A priority caller found no room: refuse the others until it has reserved."""
@@ -199,6 +225,7 @@ class FlowController(Generic[T]):
             self._running,
             self._running_bytes,
             len(self._hold),
+            self._paused,
         )
 
     def _admit(self) -> list[T]:

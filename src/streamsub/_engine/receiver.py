@@ -112,7 +112,6 @@ class Receiver:
         flow_control: FlowControl,
         ack_mode: AckMode,
         consumer: str,
-        max_lease_duration: float,
         consumer_expiry: float,
         shutdown_timeout: float,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
@@ -130,7 +129,7 @@ class Receiver:
         self._inventory = Inventory(
             flow_control,
             ack_deadline=ack_deadline,
-            max_lease_duration=max_lease_duration,
+            max_lease_duration=flow_control.max_lease_duration,
             clock=clock,
             ordered=bool(settings.get("enable_message_ordering")),
         )
