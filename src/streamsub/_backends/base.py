@@ -20,6 +20,7 @@ from .._core.stats import PartitionCounts
 __all__ = [
     "PARKED_CONSUMER",
     "Backend",
+    "Ownership",
     "Entry",
     "GroupInfo",
     "LeaseMode",
@@ -35,6 +36,21 @@ __all__ = [
 
 PARKED_CONSUMER = "streamsub.delayed"
 """The consumer name delayed nacks wait under (see nack.lua): not for subscribers."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ownership:
+    """One member's partitions of an ordered subscription, after a heartbeat."""
+
+    owned: dict[int, int]
+    """Partition -> fencing token (larger for each new owner of the partition)."""
+    hand_back: frozenset[int]
+    """Owned partitions that are another member's by right now: stop reading
+    them, let their messages finish, then release them."""
+    members: int
+    """Live members of the subscription."""
+    waiting: int
+    """Partitions that are this member's by right but still held by another."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -293,6 +309,26 @@ class Backend(Protocol):
     ) -> list[str]:
         """Delete consumers other than ``consumer`` with no pending entries, idle
         for ``min_idle_ms``."""
+        ...
+
+    async def own_partitions(
+        self,
+        topic: TopicRecord,
+        group: str,
+        member: str,
+        lease_ms: int,
+        *,
+        release: Sequence[int] = (),
+        leave: bool = False,
+    ) -> Ownership:
+        """Heartbeat of ``member`` of ordered subscription ``group``: extend its
+        membership and the partitions it owns, take those that are its by right
+        and free, release ``release`` (all, and the membership, when ``leave``)."""
+        ...
+
+    async def partition_owners(self, group: str) -> dict[int, tuple[str, int]]:
+        """The live owners of an ordered subscription's partitions: partition ->
+        (member, fencing token)."""
         ...
 
     async def pending_owners(

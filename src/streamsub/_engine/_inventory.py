@@ -201,6 +201,12 @@ class Inventory:
         waiting = self.order.drain() if self.order is not None else []
         return [*self.flow.drain_hold(), *waiting]
 
+    def holds(self, partition: int) -> bool:
+        """Whether a message of ``partition`` is held or its outcome not yet sent."""
+        return any(p == partition for p, _ in self.held) or any(
+            p == partition for p, _ in self.settling
+        )
+
     def held_ids(self) -> dict[int, list[str]]:
         """Entry ids held or settling, per partition: what our reclaimer leaves alone."""
         ids: dict[int, list[str]] = {}

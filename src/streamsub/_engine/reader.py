@@ -21,6 +21,7 @@ from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Inventory
 from ._retrying import Backoff, raise_if_cancelled
+from .ownership import Assignment
 
 __all__ = ["READ_BLOCK_MS", "Reader"]
 
@@ -39,6 +40,7 @@ class Reader:
         group: str,
         consumer: str,
         inventory: Inventory,
+        assignment: Assignment,
         deliver: Callable[[list[Entry], Grant], None],
         share: int,
         first_partition: int = 0,
@@ -50,12 +52,15 @@ class Reader:
         self._inventory = inventory
         self._deliver = deliver
         self._share = share
-        self._next = first_partition % topic.partitions
+        self._assignment = assignment
+        self._next = first_partition
         self._polled_empty = 0
         """Partitions polled without finding anything since the last entry."""
         self._stopping = False
         self.reading = False
         """True while a read is at the server (stop lets it finish, not cancels it)."""
+        self.partitions_read: frozenset[int] = frozenset()
+        """The partitions of the read at the server."""
 
     def stop(self) -> None:
         """Send no more reads."""
@@ -64,34 +69,38 @@ class Reader:
     def _plan(self, wanted: int) -> tuple[list[int], int, int | None]:
         """Which partitions to read, how many entries to ask each for, and how long
         to block (None: answer at once)."""
-        total = self._topic.partitions
+        partitions = self._assignment.partitions
+        total = len(partitions)
         if wanted >= total:
-            return list(range(total)), wanted // total, READ_BLOCK_MS
+            return list(partitions), wanted // total, READ_BLOCK_MS
         if self._polled_empty >= total:
             self._polled_empty = 0
-            return list(range(total)), 1, READ_BLOCK_MS
-        first = self._next
+            return list(partitions), 1, READ_BLOCK_MS
+        first = self._next % total
         self._next = (first + wanted) % total
         self._polled_empty += wanted
-        return [(first + i) % total for i in range(wanted)], 1, None
+        return [partitions[(first + i) % total] for i in range(wanted)], 1, None
 
     async def run(self) -> None:
         errors = Backoff()
         inventory = self._inventory
         while not self._stopping:
             raise_if_cancelled()
+            await self._assignment.wait()  # on an ordered subscription: until it owns some
             grant = await inventory.reserve(self._share)
-            if self._stopping:
+            if self._stopping or not self._assignment.partitions:
                 inventory.unreserve(grant)
-                return
+                continue
             partitions, count, block_ms = self._plan(grant.messages)
             self.reading = True
+            self.partitions_read = frozenset(partitions)
             try:
                 entries = await self._backend.read(
                     self._topic, self._group, self._consumer, partitions, count, block_ms
                 )
             except BaseException as exc:
                 self.reading = False
+                self.partitions_read = frozenset()
                 inventory.unreserve(grant)
                 if not isinstance(exc, StreamsubError) or isinstance(exc, NotFoundError):
                     raise  # NotFoundError: the subscription is gone, for good
@@ -100,6 +109,7 @@ class Reader:
                 await errors.wait("reading", exc)
                 continue
             self.reading = False
+            self.partitions_read = frozenset()
             errors.reset()
             if entries:
                 self._polled_empty = 0

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from .. import metrics
 from .._backends.base import Backend, Reclaimed, SubscriptionRecord, TopicRecord
 from .._core.flow import FlowStatistics, Grant
-from .._errors import NotFoundError
+from .._errors import NotFoundError, StreamsubError
 from .._message import Message
 from .._settings import FlowControl, RetryPolicy
 from ._inventory import Counters, Inventory
@@ -44,6 +44,7 @@ from ._retrying import supervise
 from .dispatcher import DEFAULT_HANDLER_THREADS, Dispatcher, Handler
 from .intake import Intake
 from .leaser import Leaser
+from .ownership import Assignment, PartitionOwner
 from .reader import READ_BLOCK_MS, Reader
 from .reclaimer import Reclaimer
 from .settler import Settler
@@ -96,6 +97,12 @@ class ReceiverStatistics:
     held_for_order: int = 0
     """Messages held until the one before them of their ordering key is settled
     (ordered subscriptions)."""
+    partitions: tuple[int, ...] = ()
+    """The partitions this subscriber reads now (on an ordered subscription,
+    those it owns and has taken over)."""
+    owned: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Ordered subscriptions: the partitions this subscriber owns, and their
+    fencing tokens."""
 
 
 class Receiver:
@@ -126,12 +133,13 @@ class Receiver:
         self._auto_ack = ack_mode == "auto"
         self._shutdown_timeout = shutdown_timeout
         self._counters = Counters()
+        ordered = bool(settings.get("enable_message_ordering"))
         self._inventory = Inventory(
             flow_control,
             ack_deadline=ack_deadline,
             max_lease_duration=flow_control.max_lease_duration,
             clock=clock,
-            ordered=bool(settings.get("enable_message_ordering")),
+            ordered=ordered,
         )
         common: dict[str, Any] = {
             "backend": backend,
@@ -140,8 +148,11 @@ class Receiver:
             "consumer": consumer,
             "inventory": self._inventory,
         }
+        everything = () if ordered else range(topic.partitions)
+        self._assignment = Assignment(everything)
         self._reclaimer = Reclaimer(
             **common,
+            assignment=self._assignment,
             counters=self._counters,
             deliver=self._deliver_reclaimed,
             ack_deadline=ack_deadline,
@@ -177,6 +188,7 @@ class Receiver:
         self._readers = [
             Reader(
                 **common,
+                assignment=self._assignment,
                 deliver=self._intake.read,
                 share=share,
                 first_partition=i * topic.partitions // READERS,
@@ -184,6 +196,19 @@ class Receiver:
             for i in range(READERS)
         ]
         self._leaser = Leaser(**common)
+        self._owner: PartitionOwner | None = None
+        if ordered:
+            self._owner = PartitionOwner(
+                backend=backend,
+                topic=topic,
+                group=subscription.name,
+                consumer=consumer,
+                assignment=self._assignment,
+                busy=self._busy,
+                take_over=self._reclaimer.take_over,
+                clock=clock,
+            )
+        self._own_task: asyncio.Task[None] | None = None
         self._read_tasks: list[asyncio.Task[None]] = []
         self._reclaim_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
@@ -211,6 +236,8 @@ class Receiver:
         self._lease_task = task("extending leases", self._leaser.run)
         self._reclaim_task = task("reclaiming", self._reclaimer.run)
         self._read_tasks = [task("reading", reader.run) for reader in self._readers]
+        if self._owner is not None:
+            self._own_task = task("owning partitions", self._owner.run)
 
     def _fatal(self, exc: NotFoundError) -> None:
         if self._error is not None:
@@ -246,6 +273,9 @@ class Receiver:
         for reader in self._readers:
             reader.stop()
         self._reclaimer.stop()
+        if self._owner is not None:
+            self._owner.stop()
+        self._assignment.close()
         parts = [*self._read_tasks, *([self._reclaim_task] if self._reclaim_task else [])]
         busy = [r.reading for r in self._readers] + [self._reclaimer.at_server]
         await self._end(parts, busy[: len(parts)])
@@ -273,6 +303,8 @@ class Receiver:
                         self._group,
                         dropped,
                     )
+        if self._owner is not None:
+            await self._leave(started + timeout + SHUTDOWN_MARGIN - _CLEANUP - loop.time())
         # Leases last until the flush is over: an ack still on its way keeps its
         # message from every other subscriber.
         if self._lease_task is not None:
@@ -301,6 +333,31 @@ class Receiver:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _leave(self, bound: float) -> None:
+        """Hand the partitions over at once (else they move when the lease ends)."""
+        assert self._owner is not None
+        if self._own_task is not None:
+            self._own_task.cancel()
+            await asyncio.gather(self._own_task, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._owner.leave(), max(0.1, bound))
+        except (TimeoutError, StreamsubError) as exc:
+            log.warning(
+                "streamsub: subscriber of %r could not hand its partitions over (%r); "
+                "they move when its lease ends",
+                self._group,
+                exc,
+            )
+
+    def _busy(self, partition: int) -> bool:
+        """Whether a message of ``partition`` is held, or a read or sweep of it is
+        at the server (a partition is handed over only when not)."""
+        return (
+            self._inventory.holds(partition)
+            or any(partition in reader.partitions_read for reader in self._readers)
+            or partition in self._reclaimer.partitions_swept
+        )
+
     def statistics(self) -> ReceiverStatistics:
         """A snapshot of the counters."""
         c = self._counters
@@ -315,6 +372,8 @@ class Receiver:
             running=self._dispatcher.running,
             flow=self._inventory.flow.statistics(),
             held_for_order=order.waiting if (order := self._inventory.order) else 0,
+            partitions=tuple(self._assignment.partitions),
+            owned=dict(self._owner.owned) if self._owner is not None else {},
         )
 
     # --- between the parts -------------------------------------------------------

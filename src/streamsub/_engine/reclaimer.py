@@ -22,6 +22,7 @@ from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Counters, Inventory
 from ._retrying import Backoff, raise_if_cancelled
+from .ownership import Assignment
 
 __all__ = ["Reclaimer"]
 
@@ -50,6 +51,7 @@ class Reclaimer:
         ack_deadline: float,
         max_attempts: int,
         consumer_expiry: float,
+        assignment: Assignment,
         clock: Callable[[], float],
     ) -> None:
         self._backend = backend
@@ -67,8 +69,11 @@ class Reclaimer:
         self._wake = asyncio.Event()
         self._due: float | None = None
         self._stopping = False
+        self._assignment = assignment
         self.at_server = False
         """True while a reclaim call is at the server (stop lets it finish)."""
+        self.partitions_swept: frozenset[int] = frozenset()
+        """The partitions of the sweep under way."""
 
     def wake_in(self, seconds: float) -> None:
         """Sweep ``seconds`` from now (a nack is due then), unless sooner already."""
@@ -119,10 +124,26 @@ class Reclaimer:
             errors.reset()
 
     async def sweep(self) -> None:
-        """One pass over every partition's idle pending entries."""
+        """One pass over the idle pending entries of the partitions this subscriber
+        reads."""
+        await self._pass(self._assignment.partitions, self._min_idle_ms)
+
+    async def take_over(self, partitions: list[int]) -> None:
+        """Take every entry still pending in ``partitions`` (newly owned), idle or
+        not, but for nacked ones whose backoff runs and those this subscriber holds."""
+        await self._pass(partitions, 0)
+
+    async def _pass(self, partitions: list[int], min_idle_ms: int) -> None:
+        try:
+            self.partitions_swept = frozenset(partitions)
+            await self._sweep(partitions, min_idle_ms)
+        finally:
+            self.partitions_swept = frozenset()
+
+    async def _sweep(self, partitions: list[int], min_idle_ms: int) -> None:
         max_attempts = self._max_attempts
         inventory = self._inventory
-        cursors = dict.fromkeys(range(self._topic.partitions), "-")
+        cursors = dict.fromkeys(partitions, "-")
         while cursors and not self._stopping:
             grant = await inventory.reserve(RECLAIM_BATCH * len(cursors), priority=True)
             if grant.messages < len(cursors):  # room for a few: that many partitions
@@ -138,7 +159,7 @@ class Reclaimer:
                     self._group,
                     self._consumer,
                     batch,
-                    self._min_idle_ms,
+                    min_idle_ms,
                     count,
                     max_attempts,
                     # What our handlers still hold is ours, leased or not: claiming

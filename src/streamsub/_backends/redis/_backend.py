@@ -43,6 +43,7 @@ from ..base import (
     GroupInfo,
     LeaseMode,
     NackItem,
+    Ownership,
     Reclaimed,
     ReclaimState,
     ServerInfo,
@@ -293,6 +294,7 @@ class RedisBackend:
         self._delete_entries = _Script(_script("delete_entries.lua"))
         self._claim_entries = _Script(_script("claim_entries.lua"))
         self._stats = _Script(_script("stats.lua"))
+        self._own = _Script(_script("own.lua"))
         self._hold = _Script(_script("snapshot.lua", ids=True))
         self._stream_keys: dict[tuple[str, int], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}
@@ -532,7 +534,11 @@ class RedisBackend:
                         _keys.delay_key(topic.name, partition, record.name),
                         _keys.times_key(topic.name, partition, record.name),
                     )
-                pipe.delete(_keys.subscription_key(record.name))
+                pipe.delete(
+                    _keys.subscription_key(record.name),
+                    _keys.members_key(record.name),
+                    _keys.owners_key(record.name),
+                )
                 pipe.srem(_keys.SUBSCRIPTIONS, record.name)
                 results = await pipe.execute(raise_on_error=False)
             # A partition whose stream or group is already gone is what deleting
@@ -816,6 +822,42 @@ class RedisBackend:
         with self._errors():
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})
+
+    async def own_partitions(
+        self,
+        topic: TopicRecord,
+        group: str,
+        member: str,
+        lease_ms: int,
+        *,
+        release: Sequence[int] = (),
+        leave: bool = False,
+    ) -> Ownership:
+        keys = [_keys.members_key(group), _keys.owners_key(group)]
+        args: list[str | int] = [member, lease_ms, topic.partitions, "1" if leave else "0"]
+        args.extend(release)
+        with self._errors():
+            owned, give, members, waiting = await self._evalsha(self._own, keys, args)
+        return Ownership(
+            owned={int(owned[i]): int(owned[i + 1]) for i in range(0, len(owned), 2)},
+            hand_back=frozenset(int(p) for p in give),
+            members=int(members),
+            waiting=int(waiting),
+        )
+
+    async def partition_owners(self, group: str) -> dict[int, tuple[str, int]]:
+        with self._errors():
+            raw = await self._redis.hgetall(_keys.owners_key(group))
+            now = await self.server_time()
+        owners: dict[int, tuple[str, int]] = {}
+        for field, value in raw.items():
+            name = field.decode()
+            if not name.isdigit():
+                continue  # a token counter
+            member, token, expiry = value.decode().rsplit(" ", 2)
+            if int(expiry) / 1000 > now:
+                owners[int(name)] = (member, int(token))
+        return owners
 
     async def pending_owners(
         self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]

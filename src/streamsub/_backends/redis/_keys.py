@@ -19,6 +19,8 @@ __all__ = [
     "holds_key",
     "labels_key",
     "lock_key",
+    "members_key",
+    "owners_key",
     "snapshot_key",
     "stream_key",
     "subscription_key",
@@ -93,3 +95,16 @@ def snapshot_key(name: str) -> str:
 def labels_key(kind: str, name: str) -> str:
     """The hash of a topic's or subscription's Pub/Sub labels (the gateway's)."""
     return f"ss:labels:{kind}:{name}"
+
+
+def members_key(group: str) -> str:
+    """The sorted set of an ordered subscription's live subscribers (-> lease
+    expiry, server ms); its owners hash shares the tag."""
+    return f"ss:{{own.{group}}}:members"
+
+
+def owners_key(group: str) -> str:
+    """The hash of an ordered subscription's partition owners (partition ->
+    ``"<subscriber> <fencing token> <expiry ms>"``, ``t<partition>`` -> the last
+    token handed out)."""
+    return f"ss:{{own.{group}}}:owners"

@@ -1,0 +1,193 @@
+"""Which partitions a subscriber reads, and, on ordered subscriptions, owns.
+
+An unordered subscription's subscribers all read every partition (the most
+throughput). On an ordered subscription each partition is owned by one
+subscriber at a time, as a Kafka consumer group assigns them: members renew a
+lease in Redis every third of :data:`OWNERSHIP_LEASE`, partition ``p`` belongs
+by right to the ``p``-th live member (round robin over the names), and every
+new owner of a partition gets a larger fencing token.
+
+- **Join**: the members that hold a newcomer's partitions stop reading them,
+  let the messages they hold of them finish, then release them (cooperative);
+  the newcomer takes them at its next heartbeat.
+- **Crash**: a member that stops renewing loses its partitions when its lease
+  expires; their new owner first takes over every entry still pending in them
+  (their delivery counted again), so a crashed subscriber's in-flight message
+  runs before any later message of its key, and only then reads new entries.
+- **Leave**: a stopping subscriber releases its partitions once its acks are
+  sent, so they move at once.
+- **Lost contact**: a member that cannot renew stops reading once its lease may
+  have run out, and reads again once it owns partitions again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from .._backends.base import Backend, TopicRecord
+from .._errors import NotFoundError, StreamsubError
+from ._retrying import Backoff, raise_if_cancelled
+
+__all__ = ["OWNERSHIP_LEASE", "Assignment", "PartitionOwner"]
+
+log = logging.getLogger("streamsub")
+
+OWNERSHIP_LEASE = 10.0
+"""Seconds a partition stays with a member that stopped renewing (crashed)."""
+_BUSY_INTERVAL = 0.5
+"""Seconds between heartbeats while partitions are being handed over."""
+
+
+class Assignment:
+    """The partitions this subscriber reads and sweeps now."""
+
+    def __init__(self, partitions: Iterable[int]) -> None:
+        self._partitions = sorted(partitions)
+        self._changed = asyncio.Event()
+        self._closed = False
+
+    @property
+    def partitions(self) -> list[int]:
+        return self._partitions
+
+    def set(self, partitions: Iterable[int]) -> None:
+        self._partitions = sorted(partitions)
+        self._changed.set()
+
+    def close(self) -> None:
+        """Wake whoever waits for partitions (the subscriber stops)."""
+        self._closed = True
+        self._changed.set()
+
+    async def wait(self) -> None:
+        """Return once there is a partition to read, or the subscriber stops."""
+        while not self._partitions and not self._closed:
+            self._changed.clear()
+            await self._changed.wait()
+
+
+class PartitionOwner:
+    """Keeps this member's partitions of an ordered subscription."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        assignment: Assignment,
+        busy: Callable[[int], bool],
+        take_over: Callable[[list[int]], Awaitable[None]],
+        clock: Callable[[], float],
+        lease: float = OWNERSHIP_LEASE,
+    ) -> None:
+        self._backend = backend
+        self._topic = topic
+        self._group = group
+        self._consumer = consumer
+        self._busy = busy
+        self._assignment = assignment
+        self._take_over = take_over
+        self._clock = clock
+        self._lease = lease
+        self.owned: dict[int, int] = {}
+        """Partition -> fencing token, as of the last heartbeat."""
+        self._handing_back: set[int] = set()
+        self._taking: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Renew no more (the subscriber stops; :meth:`leave` follows)."""
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+
+    async def run(self) -> None:
+        errors = Backoff()
+        valid_until = 0.0
+        while not self._stopping:
+            raise_if_cancelled()
+            release = [p for p in self._handing_back if not self._busy(p)]
+            started = self._clock()
+            try:
+                result = await self._backend.own_partitions(
+                    self._topic,
+                    self._group,
+                    self._consumer,
+                    int(self._lease * 1000),
+                    release=release,
+                )
+            except NotFoundError:
+                raise
+            except StreamsubError as exc:
+                if self._stopping:
+                    return
+                if self._clock() >= valid_until:  # our leases may have run out
+                    self._assignment.set([])
+                await errors.wait("keeping partition ownership", exc)
+                continue
+            errors.reset()
+            # Not renewed for a lease, a partition is another's: stop reading a
+            # third of a lease before that.
+            valid_until = started + self._lease * 2 / 3
+            if release:
+                log.info("streamsub: handed partitions %s of %r over", sorted(release), self._group)
+            self._handing_back = (self._handing_back - set(release)) | set(result.hand_back)
+            new = [p for p in result.owned if p not in self.owned and p not in self._taking]
+            self.owned = dict(result.owned)
+            self._handing_back &= set(self.owned)
+            self._taking &= set(self.owned)
+            if new:
+                log.info(
+                    "streamsub: subscriber %r owns partitions %s of %r",
+                    self._consumer,
+                    new,
+                    self._group,
+                )
+                self._taking.update(new)
+                task = asyncio.get_running_loop().create_task(self._take(new))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self._assign()
+            interval = self._lease / 3
+            if result.waiting or self._handing_back:
+                interval = min(interval, _BUSY_INTERVAL)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+
+    async def _take(self, partitions: list[int]) -> None:
+        """Take over what is pending in newly owned partitions, then read them (not
+        before: a later message of a key must not overtake a pending one)."""
+        errors = Backoff()
+        while not self._stopping:
+            try:
+                await self._take_over(partitions)
+                break
+            except NotFoundError:
+                return  # the subscription is gone: the reader says so
+            except StreamsubError as exc:
+                await errors.wait("taking over partitions", exc)
+        self._taking.difference_update(partitions)
+        self._assign()
+
+    def _assign(self) -> None:
+        self._assignment.set(set(self.owned) - self._handing_back - self._taking)
+
+    async def leave(self) -> None:
+        """Release every partition and the membership (acks are sent by now)."""
+        await self._backend.own_partitions(
+            self._topic,
+            self._group,
+            self._consumer,
+            int(self._lease * 1000),
+            leave=True,
+        )
+        self.owned = {}
