@@ -16,6 +16,7 @@ import pytest
 import redis
 
 import streamsub
+from streamsub.testing import RedisServer
 from tests._wait import until
 
 KEYS = 40
@@ -80,11 +81,14 @@ def _handlers(watch: KeyWatch) -> dict[str, Callable[[streamsub.Message], Any]]:
     return {"asyncio.timeout": with_timeout, "plain def": plain, "lambda": lambda m: work(m)}
 
 
-async def _publish_keys(client: streamsub.Client, topic: str, keys: list[str], count: int) -> None:
+async def _publish_keys(
+    client: streamsub.Client, topic: str, keys: list[str], count: int, start: int = 0
+) -> None:
+    """Messages ``key:start`` .. ``key:start+count-1`` of every key."""
     # Keys interleaved, in batches, so that a read brings many keys and many of each.
     messages = [
         streamsub.OutgoingMessage(data=f"{key}:{n}".encode(), ordering_key=key)
-        for n in range(count)
+        for n in range(start, start + count)
         for key in keys
     ]
     for start in range(0, len(messages), 500):
@@ -213,3 +217,67 @@ async def test_a_blocked_key_moves_on_when_its_nacked_message_is_settled_elsewhe
         await until(lambda: len(handled) == 30, 15, "the blocked keys to move on")
     for key in keys:
         assert [n for k, n in handled if k == key] == list(range(10))
+
+
+async def test_subscribers_of_an_ordered_subscription_share_its_partitions(
+    client: streamsub.Client, server: RedisServer
+) -> None:
+    """Three subscribers (three clients) join an ordered subscription of 8
+    partitions one after another, then one leaves: at every step each partition is
+    owned by exactly one of them, each owns its share, and over 4,000 messages of
+    40 keys every key's messages are first handled in publish order, never two of
+    one key at once, with every subscriber given work."""
+    clients = [client, streamsub.connect(server.url), streamsub.connect(server.url)]
+    try:
+        admin = client
+        await admin.create_topic("orders", partitions=8)
+        await admin.create_subscription("billing", topic="orders", enable_message_ordering=True)
+        watch = KeyWatch()
+        by: collections.Counter[str] = collections.Counter()
+
+        def handler(name: str) -> Callable[[streamsub.Message], Any]:
+            async def handle(message: streamsub.Message) -> None:
+                watch.enter(message)
+                by[name] += 1
+                await asyncio.sleep(0.001)
+                watch.leave(message)
+
+            return handle
+
+        keys = [f"customer-{k}" for k in range(KEYS)]
+        subscribers = [
+            clients[i].subscribe("billing", handler(f"s{i}"), consumer=f"s{i}") for i in range(3)
+        ]
+
+        def owned() -> list[set[int]]:
+            return [set(s.statistics().partitions) for s in running]
+
+        def shared_by(count: int) -> bool:
+            sets = owned()
+            union = set().union(*sets)
+            return (
+                len(sets) == count
+                and union == set(range(8))
+                and sum(map(len, sets)) == 8
+                and all(len(s) == 8 // count or len(s) == 8 // count + 1 for s in sets)
+            )
+
+        running: list[streamsub.Subscriber] = []
+        for step, subscriber in enumerate(subscribers, start=1):
+            await subscriber.__aenter__()
+            running.append(subscriber)
+            await _publish_keys(admin, "orders", keys, 10, start=(step - 1) * 10)
+            await until(lambda n=step: shared_by(n), 30, f"{step} subscribers to share")
+        await running.pop(0).__aexit__(None, None, None)
+        await _publish_keys(admin, "orders", keys, 10, start=30)
+        await until(lambda: shared_by(2), 30, "the two left to share")
+        await until(lambda: watch.handled == KEYS * 40, 60, "every message")
+        for subscriber in running:
+            await subscriber.__aexit__(None, None, None)
+    finally:
+        for other in clients[1:]:
+            await other.aclose()
+    assert watch.most_at_once_per_key == 1
+    wrong = {k: v for k, v in watch.first.items() if v != list(range(40))}
+    assert not wrong, str(wrong)
+    assert all(by[f"s{i}"] > 0 for i in range(3)), by

@@ -176,11 +176,11 @@ def test_finished_releases_bytes_and_admits_what_now_fits() -> None:
     """Finishing a message frees its bytes and starts held messages that now fit."""
     flow = controller(max_bytes=100)
     flow.received([("a", 50), ("b", 50), ("c", 40), ("d", 20)])
-    assert flow.statistics() == FlowStatistics(4, 160, 2, 100, 2)
+    assert flow.statistics() == FlowStatistics(4, 160, 2, 100, 2, paused=True)
     assert flow.finished(50) == ["c"]
-    assert flow.statistics() == FlowStatistics(3, 110, 2, 90, 1)
+    assert flow.statistics() == FlowStatistics(3, 110, 2, 90, 1, paused=True)
     assert flow.finished(50) == ["d"]
-    assert flow.statistics() == FlowStatistics(2, 60, 2, 60, 0)
+    assert flow.statistics() == FlowStatistics(2, 60, 2, 60, 0)  # 60 %: reads again
 
 
 def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
@@ -189,7 +189,7 @@ def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
     flow.received([("a", 8), ("b", 8)])
     assert flow.drain_hold() == ["b"]
     assert flow.finished(8, started=False) == []
-    assert flow.statistics() == FlowStatistics(1, 8, 1, 8, 0)
+    assert flow.statistics() == FlowStatistics(1, 8, 1, 8, 0, paused=True)
 
 
 def test_drain_hold_takes_every_held_message_in_order() -> None:
@@ -198,7 +198,7 @@ def test_drain_hold_takes_every_held_message_in_order() -> None:
     flow.received([("a", 1), ("b", 1), ("c", 1)])
     assert flow.drain_hold() == ["b", "c"]
     assert flow.drain_hold() == []
-    assert flow.statistics() == FlowStatistics(3, 3, 1, 1, 0)
+    assert flow.statistics() == FlowStatistics(3, 3, 1, 1, 0, paused=True)
 
 
 def test_drained_messages_stay_outstanding_until_finished() -> None:
@@ -372,8 +372,11 @@ def test_reading_pauses_at_full_load_and_resumes_below_80_percent() -> None:
     flow.finished(1)
     assert flow.reserve(5) == Grant(0, 0)  # 80 %: not below it yet
     flow.finished(1)
-    assert flow.reserve(5).messages == 3  # 70 %: the free three at once
-    assert flow.statistics().paused  # and that filled it again
+    grant = flow.reserve(5)
+    assert grant.messages == 3  # 70 %: the free three at once
+    assert not flow.statistics().paused
+    flow.received([("x", 1), ("y", 1), ("z", 1)], grant)
+    assert flow.statistics().paused  # full again
 
 
 def test_below_full_load_reads_are_granted_as_before() -> None:
@@ -397,3 +400,16 @@ def test_bytes_at_full_load_pause_reading_too() -> None:
     assert flow.statistics().paused
     flow.finished(50)  # 50 % of the bytes
     assert flow.reserve(10).messages == 1
+
+
+def test_a_read_that_brings_less_than_it_reserved_does_not_pause_reading() -> None:
+    """Reserving the last of the budget is not full load: a read that brings fewer
+    messages than it reserved leaves room, and the next read gets it (a paused
+    reader with room left would wait for ever when nothing is acked)."""
+    flow = warmed(30)
+    _fill(flow, 21)
+    grant = flow.reserve(9)
+    assert grant.messages == 9
+    flow.received([("late", 1)], grant)  # one of the nine came
+    assert not flow.statistics().paused
+    assert flow.reserve(9).messages == 8

@@ -25,9 +25,8 @@ The bounds, exactly:
   hold in arrival order.
 
 Reading pauses at full load and resumes below :data:`RESUME_THRESHOLD` (80 %),
-as Pub/Sub's clients do: once a reservation takes the last of the budget, no
-more is granted until what is outstanding and reserved falls under 80 % of
-both bounds, so a subscriber at capacity reads a fifth of its budget at a time
+as Pub/Sub's clients do: once what is held reaches either bound, no more is
+granted until what is outstanding and reserved falls under 80 % of both bounds, so a subscriber at capacity reads a fifth of its budget at a time
 rather than one message per finished handler.
 
 The reclaimer reserves like a reader. Idle reads hold their reservation while
@@ -138,8 +137,6 @@ class FlowController(Generic[T]):
                 return NO_GRANT
             count = 1  # a message larger than max_bytes still flows, alone
         grant = Grant(count, count * self._estimate)
-        if count >= free or free_bytes - grant.bytes < self._estimate:
-            self._paused = True  # full load: the next read waits for 80 %
         self._reserved += grant.messages
         self._reserved_bytes += grant.bytes
         if priority:
@@ -180,6 +177,8 @@ class FlowController(Generic[T]):
         count = len(items) + len(aside)
         self._outstanding += count
         self._outstanding_bytes += total
+        if self._outstanding >= self._max_messages or self._outstanding_bytes >= self._max_bytes:
+            self._paused = True  # full load: the next read waits for 80 %
         if count:
             self._estimate = max(1, total // count)
         if not self._hold:  # the usual case: all of them fit, start them as they are
@@ -225,7 +224,7 @@ class FlowController(Generic[T]):
             self._running,
             self._running_bytes,
             len(self._hold),
-            self._paused,
+            self._paused and self.load() >= RESUME_THRESHOLD,
         )
 
     def _admit(self) -> list[T]:

@@ -63,7 +63,9 @@ log = logging.getLogger("streamsub")
 AckMode = Literal["auto", "manual"]
 
 READERS = 2
-"""Reads in flight at once: one is parsed and handled while Redis serves the other."""
+"""Reads in flight at once: one is parsed and handled while Redis serves the other.
+An ordered subscription has one: the replies of two reads of one partition may
+be taken in either order, and a key's later message would run first."""
 READ_SHARE = 3
 """Each read reserves at most a third of max_messages, so that while reads wait
 on an idle server the reclaimer still finds room at once (a nack due now is
@@ -193,7 +195,7 @@ class Receiver:
                 share=share,
                 first_partition=i * topic.partitions // READERS,
             )
-            for i in range(READERS)
+            for i in range(1 if ordered else READERS)
         ]
         self._leaser = Leaser(**common)
         self._owner: PartitionOwner | None = None
