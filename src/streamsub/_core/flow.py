@@ -26,7 +26,8 @@ The bounds, exactly:
 
 Reading pauses at full load and resumes below :data:`RESUME_THRESHOLD` (80 %),
 as Pub/Sub's clients do: once what is held reaches either bound, no more is
-granted until what is outstanding and reserved falls under 80 % of both bounds, so a subscriber at capacity reads a fifth of its budget at a time
+granted until what is outstanding and reserved falls under 80 % of both
+bounds, so a subscriber at capacity reads a fifth of its budget at a time
 rather than one message per finished handler.
 
 The reclaimer reserves like a reader. Idle reads hold their reservation while
