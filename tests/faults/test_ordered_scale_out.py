@@ -1,0 +1,117 @@
+"""Ordering keys hold while an ordered subscription scales out and a subscriber
+crashes: four subscriber processes, one SIGKILLed mid-way, another added later."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+import streamsub
+from streamsub.testing import redis_server
+from tests._wait import until
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = 200
+MESSAGES = 50_000
+
+
+def _start(url: str, consumer: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.faults._ordered_subscriber", url, "ordered-sub", consumer],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def _check_key(records: list[tuple[int, int, str]]) -> int:
+    """Assert one key's handlings keep publish order; return its redeliveries.
+
+    A first handling comes right after the highest index handled so far (no
+    message overtakes an earlier one). A message handled again is a redelivery
+    (attempt > 1) of one the crashed subscriber held, before anything later."""
+    highest, redelivered = -1, 0
+    for index, attempt, consumer in records:
+        if index > highest:
+            assert index == highest + 1, f"{index} handled before {highest + 1} ({consumer})"
+            highest = index
+        else:
+            assert attempt > 1, f"{index} handled twice on its first delivery ({consumer})"
+            redelivered += 1
+    return redelivered
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
+    tmp_path: Path, redis_binary: str | None
+) -> None:
+    """50,000 messages over 200 keys, four subscriber processes on an ordered
+    subscription; one is SIGKILLed a quarter of the way and a fifth joins at
+    three fifths: every message is handled, each key's first handlings are in
+    publish order (the killed one's held messages handled again before anything
+    later of their keys), and every subscriber that was alive received work."""
+    with redis_server(tmp_path / "redis", binary=redis_binary) as server:
+        inspect = redis.Redis.from_url(server.url)
+        async with streamsub.connect(server.url) as client:
+            await client.create_topic("ordered", partitions=16)
+            await client.create_subscription(
+                "ordered-sub", topic="ordered", enable_message_ordering=True
+            )
+            procs = {name: _start(server.url, name) for name in ("a", "b", "c", "d")}
+            try:
+                keys = [f"key-{k}" for k in range(KEYS)]
+
+                async def publish() -> None:
+                    for base in range(0, MESSAGES // KEYS, 5):
+                        await client.publish_many(
+                            "ordered",
+                            [
+                                streamsub.OutgoingMessage(
+                                    data=f"{key}:{index}".encode(), ordering_key=key
+                                )
+                                for index in range(base, base + 5)
+                                for key in keys
+                            ],
+                        )
+                        await asyncio.sleep(0.05)
+
+                publishing = asyncio.create_task(publish())
+                handled = lambda: inspect.llen("test:handled")  # noqa: E731
+                await until(lambda: handled() >= MESSAGES // 4, 120, "a quarter handled")
+                procs["a"].send_signal(signal.SIGKILL)
+                procs["a"].wait()
+                await until(lambda: handled() >= MESSAGES * 3 // 5, 120, "three fifths handled")
+                procs["e"] = _start(server.url, "e")
+                await publishing
+
+                def distinct() -> int:
+                    records = inspect.lrange("test:handled", 0, -1)
+                    return len({record.rsplit(b" ", 2)[0] for record in records})
+
+                await until(lambda: distinct() >= MESSAGES, 180, "every message handled")
+            finally:
+                for process in procs.values():
+                    process.kill()
+                    process.wait()
+    per_key: dict[str, list[tuple[int, int, str]]] = collections.defaultdict(list)
+    by_consumer: collections.Counter[str] = collections.Counter()
+    for raw in inspect.lrange("test:handled", 0, -1):
+        key, index, attempt, consumer = raw.decode().split()
+        per_key[key].append((int(index), int(attempt), consumer))
+        by_consumer[consumer] += 1
+    assert sorted(per_key) == sorted(keys)
+    redelivered = sum(_check_key(per_key[key]) for key in keys)
+    assert all(max(i for i, _, _ in per_key[key]) == MESSAGES // KEYS - 1 for key in keys)
+    assert set(by_consumer) == {"a", "b", "c", "d", "e"}, by_consumer
+    assert redelivered <= 200, f"{redelivered} redeliveries: more than the killed one held"
