@@ -100,13 +100,14 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
                     return len({record.rsplit(b" ", 2)[0] for record in records})
 
                 await until(lambda: distinct() >= MESSAGES, 180, "every message handled")
+                journal = inspect.lrange("test:handled", 0, -1)
             finally:
                 for process in procs.values():
                     process.kill()
                     process.wait()
     per_key: dict[str, list[tuple[int, int, str]]] = collections.defaultdict(list)
     by_consumer: collections.Counter[str] = collections.Counter()
-    for raw in inspect.lrange("test:handled", 0, -1):
+    for raw in journal:
         key, index, attempt, consumer = raw.decode().split()
         per_key[key].append((int(index), int(attempt), consumer))
         by_consumer[consumer] += 1
