@@ -18,6 +18,7 @@ import redis
 
 import streamsub
 import streamsub.blocking
+from streamsub._engine.reader import READ_BLOCK_MS
 from streamsub.testing import RedisServer
 
 SCRIPT = Path(__file__).with_name("blocking_subscriber.py")
@@ -295,13 +296,17 @@ def test_cancel_returns_at_once_and_the_stop_lets_running_callbacks_finish_and_a
     assert future.cancel() is True
     assert time.monotonic() - began < 0.5, "cancel() waited for the stop"
     assert future.cancelled()
-    time.sleep(0.5)
+    # Long enough for a stop that did not wait: its reads end within a read's
+    # block plus a second, and what follows takes a fraction of a second.
+    time.sleep(READ_BLOCK_MS / 1000 + 2)
     assert not future.done(), "stopped without waiting for the running callback"
     with pytest.raises(TimeoutError):
         future.result(timeout=0.1)
 
     release.set()
     assert future.result(timeout=30) is None
+    statistics = future.statistics()
+    assert (statistics.acked, statistics.handler_errors) == (1, 0), statistics
     assert future.done()
     assert not future.running()
     assert future.cancel() is True  # a second cancel does nothing more
@@ -309,25 +314,46 @@ def test_cancel_returns_at_once_and_the_stop_lets_running_callbacks_finish_and_a
     assert pending(redis_client, "cancelling", "cancelling-sub", 2) == 0
 
 
-def test_close_flushes_publishes_stops_subscribers_then_every_call_raises_closed(
+def test_close_writes_every_publish_not_yet_resolved(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """``close()`` writes every publish not yet resolved, stops running
-    subscribers (their result is None), ends its thread; afterwards each method
-    raises ClosedError and a second close() does nothing."""
+    """5,000 publishes from 4 threads, close() called at once after the last:
+    every future has resolved to an id when close() returns, all are stored."""
+    redis_client.flushall()
+    client = streamsub.blocking.connect(server.url)
+    client.create_topic("flushing", partitions=4)
+    futures: list[concurrent.futures.Future[str]] = []
+
+    def publish(thread: int) -> None:
+        mine = [client.publish("flushing", f"{thread}:{i}".encode()) for i in range(1250)]
+        futures.extend(mine)
+
+    threads = [threading.Thread(target=publish, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    client.close()
+    assert all(f.done() and not f.cancelled() for f in futures)
+    assert len({f.result() for f in futures}) == 5000
+    assert len(stored(redis_client, "flushing", 4)) == 5000
+
+
+def test_close_stops_subscribers_ends_its_thread_then_every_call_raises_closed(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """``close()`` stops running subscribers (their result is None, cancelled()
+    is True) and ends its thread; afterwards each method raises ClosedError and
+    a second close() does nothing."""
     redis_client.flushall()
     client = streamsub.blocking.connect(server.url)
     client.create_topic("closing", partitions=4)
     client.create_subscription("closing-sub", topic="closing")
     subscriber = client.subscribe("closing-sub", lambda m: None)
-    futures = [client.publish("closing", str(i).encode()) for i in range(3000)]
     thread_name = client.thread_name
     assert thread_name in {t.name for t in threading.enumerate()}
 
     client.close()
-    assert all(f.done() for f in futures)
-    assert len({f.result() for f in futures}) == 3000
-    assert len(stored(redis_client, "closing", 4)) == 3000
     assert subscriber.result(timeout=0) is None
     assert subscriber.cancelled()
     assert thread_name not in {t.name for t in threading.enumerate()}
