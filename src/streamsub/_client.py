@@ -254,6 +254,8 @@ class Client:
         self._limits = limits or Limits()
         self._publishers: dict[str, TopicPublisher] = {}
         self._lookups: dict[str, asyncio.Future[TopicPublisher]] = {}
+        self._handoffs: dict[str, int] = {}
+        """Per topic: callers waiting on its lookup or behind those, not yet resumed."""
         self._subscribers: set[Subscriber] = set()
         self._closed = False
 
@@ -547,9 +549,21 @@ class Client:
     # --- publishing ------------------------------------------------------------
     async def _publisher(self, topic: str) -> TopicPublisher:
         """The topic's publisher. Concurrent first callers share one lookup and
-        resume in the order they called, so they enqueue in call order."""
+        resume in the order they called, so they enqueue in call order.
+
+        A caller that comes while those are still waking up (their wake-ups are
+        queued on the loop) goes behind them, and so does one that comes after
+        it: taking the publisher at once would enqueue its messages ahead of
+        messages published before it.
+        """
         publisher = self._publishers.get(topic)
         if publisher is not None:
+            if self._handoffs.get(topic):
+                self._handoffs[topic] += 1
+                try:
+                    await asyncio.sleep(0)  # the loop runs what was queued before
+                finally:
+                    self._handoff_done(topic)
             return publisher
         lookup = self._lookups.get(topic)
         if lookup is None:
@@ -570,7 +584,16 @@ class Client:
             finally:
                 del self._lookups[topic]
             return publisher
-        return await lookup
+        self._handoffs[topic] = self._handoffs.get(topic, 0) + 1
+        try:
+            return await lookup
+        finally:
+            self._handoff_done(topic)
+
+    def _handoff_done(self, topic: str) -> None:
+        self._handoffs[topic] -= 1
+        if not self._handoffs[topic]:
+            del self._handoffs[topic]
 
     async def publish(
         self,

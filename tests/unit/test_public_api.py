@@ -168,3 +168,47 @@ def test_default_consumer_names_are_host_pid_and_a_counter() -> None:
     assert first.startswith(prefix)
     assert second.startswith(prefix)
     assert int(second.removeprefix(prefix)) == int(first.removeprefix(prefix)) + 1
+
+
+def test_blocking_module_all_is_sorted_and_exists() -> None:
+    """streamsub.blocking is a public module of its own with a sorted __all__."""
+    import streamsub.blocking
+
+    assert streamsub.blocking.__all__ == sorted(streamsub.blocking.__all__)
+    assert all(hasattr(streamsub.blocking, name) for name in streamsub.blocking.__all__)
+
+
+_NOT_BLOCKING = {"aclose", "run_retention"}
+"""Async methods without a blocking twin: close() is aclose's, and run_retention
+runs for ever (use ``streamsub retention run``)."""
+
+
+def test_blocking_client_mirrors_every_async_method_with_the_same_signature() -> None:
+    """Each public method of streamsub.Client has a blocking twin taking the same
+    parameters, kinds and defaults (subscribe's handler is Pub/Sub's callback),
+    and connect() takes the settings of streamsub.connect()."""
+    import inspect
+
+    import streamsub.blocking
+
+    def parameters(function: object, rename: dict[str, str]) -> list[tuple[str, object, object]]:
+        signature = inspect.signature(function)  # type: ignore[arg-type]
+        return [
+            (rename.get(p.name, p.name), p.kind, p.default) for p in signature.parameters.values()
+        ]
+
+    names = {
+        name
+        for name, value in vars(streamsub.Client).items()
+        if not name.startswith("_") and callable(value)
+    } - _NOT_BLOCKING
+    assert names, "no public methods found"
+    for name in sorted(names):
+        twin = getattr(streamsub.blocking.Client, name, None)
+        assert twin is not None, f"streamsub.blocking.Client has no {name}()"
+        assert parameters(twin, {}) == parameters(
+            getattr(streamsub.Client, name), {"handler": "callback"}
+        ), name
+        assert twin.__doc__, f"blocking {name}() has no docstring"
+    assert isinstance(vars(streamsub.blocking.Client)["url"], property)
+    assert parameters(streamsub.blocking.connect, {}) == parameters(streamsub.connect, {})
