@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import pytest
 import redis
@@ -49,7 +49,8 @@ def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> list[tupl
 async def test_block_never_has_more_than_the_limit_outstanding_and_keeps_key_order(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """Forty concurrent publishers over three topics, eight keys and keyless messages,
+    """Forty concurrent publishers (each making bursts of calls at once) over three
+    topics, three keys per topic and keyless messages,
     against a 40-message, 4 KiB limit shared by the client: sampled outstanding never
     passes either limit, publishers did wait, and every message is stored, each
     publisher's messages of a key in the order it published them."""
@@ -79,17 +80,23 @@ async def test_block_never_has_more_than_the_limit_outstanding_and_keeps_key_ord
             rng = random.Random(p)
             topic = topics[p % 3]
             ids: list[str] = []
-            for seq in range(30):
-                key = None if p % 5 == 0 else f"key-{rng.randrange(8)}"
-                data = f"{p}:{seq}:".encode().ljust(rng.randint(8, 40), b".")
-                if rng.random() < 0.5:
-                    ids.append(await client.publish(topic, data, ordering_key=key))
-                else:  # a call of up to 4 messages, admitted as a whole
-                    parts = [
-                        streamsub.OutgoingMessage(data=data + bytes([65 + i]), ordering_key=key)
-                        for i in range(rng.randint(1, 4))
-                    ]
-                    ids.extend(await client.publish_many(topic, parts))
+            seq = 0
+            for _ in range(10):  # bursts of calls made at once: their order is call order
+                burst: list[Awaitable[str | list[str]]] = []
+                for _ in range(3):
+                    key = None if p % 5 == 0 else f"key-{rng.randrange(3)}"
+                    data = f"{p}:{seq:04}:".encode().ljust(rng.randint(8, 40), b".")
+                    seq += 1
+                    if rng.random() < 0.5:
+                        burst.append(client.publish(topic, data, ordering_key=key))
+                    else:  # a call of up to 6 messages, admitted as a whole
+                        parts = [
+                            streamsub.OutgoingMessage(data=data + bytes([65 + i]), ordering_key=key)
+                            for i in range(rng.randint(1, 6))
+                        ]
+                        burst.append(client.publish_many(topic, parts))
+                for result in await asyncio.gather(*burst):
+                    ids.extend([result] if isinstance(result, str) else result)
             return ids
 
         sampler = asyncio.create_task(sample())
@@ -148,6 +155,8 @@ async def test_error_refuses_whole_calls_at_the_limit_and_publishing_resumes_aft
     flow = streamsub.PublishFlowControl(
         message_limit=20, byte_limit=2000, limit_exceeded_behavior=ERROR
     )
+    loop = asyncio.get_running_loop()
+    loop.call_later(15, backend.gate.set)  # a failing test still ends
     async with streamsub.Client(backend, publish_flow_control=flow) as client:
         await client.create_topic("err", partitions=3)
         held = asyncio.ensure_future(
@@ -156,7 +165,8 @@ async def test_error_refuses_whole_calls_at_the_limit_and_publishing_resumes_aft
         await until(lambda: client._publish_gate.outstanding[0] == 15, 5, "15 outstanding")
         rejected = [f"rejected-{i}".encode() for i in range(10)]
         with pytest.raises(streamsub.FlowControlLimitError, match="message_limit \\(20\\)") as info:
-            await client.publish_many("err", rejected)
+            async with asyncio.timeout(2):  # a refusal is at once, never a wait
+                await client.publish_many("err", rejected)
         assert isinstance(info.value, streamsub.ResourceExhaustedError)
         assert "nothing of it was written" in str(info.value)
         fits = asyncio.ensure_future(
@@ -164,7 +174,8 @@ async def test_error_refuses_whole_calls_at_the_limit_and_publishing_resumes_aft
         )
         await until(lambda: client._publish_gate.outstanding[0] == 20, 5, "20 outstanding")
         with pytest.raises(streamsub.FlowControlLimitError):
-            await client.publish("err", b"one-too-many", ordering_key="k")
+            async with asyncio.timeout(2):
+                await client.publish("err", b"one-too-many", ordering_key="k")
 
         backend.gate.set()
         async with asyncio.timeout(10):
@@ -186,6 +197,8 @@ async def test_ignore_goes_past_the_limit(server: RedisServer, redis_client: red
     redis_client.flushall()
     backend = _Gated(server.url)
     flow = streamsub.PublishFlowControl(message_limit=10, limit_exceeded_behavior=IGNORE)
+    loop = asyncio.get_running_loop()
+    loop.call_later(15, backend.gate.set)  # a failing test still ends
     async with streamsub.Client(backend, publish_flow_control=flow) as client:
         await client.create_topic("ign", partitions=2)
         calls = [
@@ -208,13 +221,16 @@ async def test_the_limit_is_per_client_across_topics(
     redis_client.flushall()
     backend = _Gated(server.url)
     flow = streamsub.PublishFlowControl(message_limit=10, limit_exceeded_behavior=ERROR)
+    loop = asyncio.get_running_loop()
+    loop.call_later(15, backend.gate.set)  # a failing test still ends
     async with streamsub.Client(backend, publish_flow_control=flow) as client:
         await client.create_topic("top1", partitions=1)
         await client.create_topic("top2", partitions=1)
         held = asyncio.ensure_future(client.publish_many("top1", [b"a"] * 10))
         await until(lambda: client._publish_gate.outstanding[0] == 10, 5, "10 outstanding")
         with pytest.raises(streamsub.FlowControlLimitError):
-            await client.publish("top2", b"b")
+            async with asyncio.timeout(2):
+                await client.publish("top2", b"b")
         async with streamsub.connect(server.url, publish_flow_control=flow) as other:
             assert await other.publish("top2", b"c")
         backend.gate.set()
