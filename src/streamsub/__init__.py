@@ -41,10 +41,12 @@ from ._errors import (
     CertificateError,
     ClosedError,
     FailedPreconditionError,
+    FlowControlLimitError,
     InvalidArgumentError,
     InvalidTypeError,
     MessageTooLargeError,
     NotFoundError,
+    OrderingKeyPausedError,
     ResourceExhaustedError,
     StreamsubError,
     SubscriptionNotFoundError,
@@ -52,7 +54,14 @@ from ._errors import (
     UnavailableError,
 )
 from ._message import Message, OutgoingMessage
-from ._settings import BatchSettings, FlowControl, Limits, RetryPolicy
+from ._settings import (
+    BatchSettings,
+    FlowControl,
+    LimitExceededBehavior,
+    Limits,
+    PublishFlowControl,
+    RetryPolicy,
+)
 
 __version__ = "0.1.0"
 
@@ -70,15 +79,19 @@ __all__ = [
     "DeadLetter",
     "FailedPreconditionError",
     "FlowControl",
+    "FlowControlLimitError",
     "InvalidArgumentError",
     "InvalidTypeError",
+    "LimitExceededBehavior",
     "Limits",
     "Message",
     "MessageTooLargeError",
     "NotFoundError",
+    "OrderingKeyPausedError",
     "OutgoingMessage",
     "PartitionReport",
     "PartitionTrim",
+    "PublishFlowControl",
     "ReceiverStatistics",
     "ResourceExhaustedError",
     "Retention",

@@ -32,7 +32,7 @@ from ._core.stats import Stats
 from ._engine import deadletters
 from ._engine.deadletters import DeadLetter
 from ._engine.dispatcher import DEFAULT_HANDLER_THREADS
-from ._engine.publisher import TopicPublisher
+from ._engine.publisher import PublishGate, TopicPublisher
 from ._engine.receiver import AckMode, Handler, Receiver, ReceiverStatistics
 from ._engine.seek import seek, take_snapshot
 from ._engine.stats import collect_stats
@@ -57,6 +57,7 @@ from ._settings import (
     BatchSettings,
     FlowControl,
     Limits,
+    PublishFlowControl,
     RetryPolicy,
 )
 
@@ -178,6 +179,7 @@ def connect(
     url: str | None = None,
     *,
     batch_settings: BatchSettings | None = None,
+    publish_flow_control: PublishFlowControl | None = None,
     limits: Limits | None = None,
     backend: Backend | None = None,
     trim_in_background: bool = True,
@@ -195,6 +197,9 @@ def connect(
     subscribes to (their topics and dead-letter topics) every
     ``retention_interval`` seconds (default 5), one client per topic at a time.
 
+    ``batch_settings`` says when a batch is written; ``publish_flow_control``
+    bounds what the client's publishes have outstanding, across its topics
+    (default: 10,000 messages or 10 MiB, then ``publish`` waits for room).
 
     ``socket_timeout`` (default 10 s) is how long a command waits for its
     reply before the connection counts as dead: a ``publish`` on a connection
@@ -220,6 +225,7 @@ def connect(
     return Client(
         backend,
         batch_settings=batch_settings,
+        publish_flow_control=publish_flow_control,
         limits=limits,
         trim_in_background=trim_in_background,
         retention_interval=retention_interval,
@@ -234,6 +240,7 @@ class Client:
         backend: Backend,
         *,
         batch_settings: BatchSettings | None = None,
+        publish_flow_control: PublishFlowControl | None = None,
         limits: Limits | None = None,
         trim_in_background: bool = True,
         retention_interval: float = DEFAULT_RETENTION_INTERVAL,
@@ -251,6 +258,14 @@ class Client:
             Trimmer(backend, interval=retention_interval) if trim_in_background else None
         )
         self._batch_settings = batch_settings or BatchSettings()
+        if publish_flow_control is not None and not isinstance(
+            publish_flow_control, PublishFlowControl
+        ):
+            raise InvalidTypeError(
+                "publish_flow_control must be a streamsub.PublishFlowControl, got "
+                f"{type(publish_flow_control).__name__}"
+            )
+        self._publish_gate = PublishGate(publish_flow_control or PublishFlowControl())
         self._limits = limits or Limits()
         self._publishers: dict[str, TopicPublisher] = {}
         self._lookups: dict[str, asyncio.Future[TopicPublisher]] = {}
@@ -576,7 +591,9 @@ class Client:
                 lookup.exception()  # the first caller raises it; nobody else may wait
                 raise
             else:
-                publisher = TopicPublisher(self._backend, record, self._batch_settings)
+                publisher = TopicPublisher(
+                    self._backend, record, self._batch_settings, gate=self._publish_gate
+                )
                 self._publishers[topic] = publisher
                 if self._trimmer is not None:
                     self._trimmer.watch_topic(topic)
@@ -606,7 +623,11 @@ class Client:
         """Publish one message; return its id once it is stored.
 
         Messages are batched with others published at the same time. If this
-        raises a :class:`BackendError`, the message may or may not be stored.
+        raises a :class:`BackendError`, the message may or may not be stored,
+        and its ``ordering_key`` is paused on this topic: later publishes with it
+        raise :class:`OrderingKeyPausedError` until :meth:`resume_publish`.
+        Waits for room, or raises :class:`FlowControlLimitError`, as the client's
+        ``PublishFlowControl`` says.
         """
         self._check_open()
         with tracing.publish_span(topic, 1):
@@ -627,7 +648,8 @@ class Client:
         self, topic: str, messages: Iterable[OutgoingMessage | bytes]
     ) -> list[str]:
         """Publish many messages (``OutgoingMessage`` or plain bytes); return their ids
-        in order. Every message is checked before any is written."""
+        in order. Every message is checked before any is written, and flow
+        control admits or refuses the call as a whole."""
         self._check_open()
         messages = list(messages)
         with tracing.publish_span(topic, len(messages)):
@@ -663,6 +685,21 @@ class Client:
         except TopicNotFoundError:
             self._forget_publisher(publisher)
             raise
+
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Let publishes to ``topic`` with ``ordering_key`` go again after a failed
+        publish paused them (as Pub/Sub's ``resume_publish``: a plain method, no I/O).
+
+        Publish the failed messages again first to keep the key's order. A key
+        that is not paused is left as it is.
+        """
+        if not isinstance(ordering_key, str) or not ordering_key:
+            raise InvalidArgumentError(
+                f"ordering_key must be a non-empty string, got {ordering_key!r}"
+            )
+        publisher = self._publishers.get(topic)
+        if publisher is not None:
+            publisher.resume(ordering_key)
 
     def _forget_publisher(self, publisher: TopicPublisher) -> None:
         """The topic was deleted under the publisher: the next publish looks it up anew."""

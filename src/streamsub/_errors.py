@@ -13,6 +13,7 @@ are translated once, at the backend boundary, with the original kept as
     │   └── SubscriptionNotFoundError
     ├── AlreadyExistsError                         exists with other settings
     ├── FailedPreconditionError                    the state forbids it now
+    │   └── OrderingKeyPausedError                 a key paused by a failed publish
     ├── ClosedError                                you closed it
     ├── AckError                                   an ack that did not take
     └── BackendError                               the world broke it
@@ -20,6 +21,7 @@ are translated once, at the backend boundary, with the original kept as
         │   ├── AuthenticationError                it refused the user or password
         │   └── CertificateError                   its TLS certificate is not trusted
         └── ResourceExhaustedError                 the server is out of memory
+            └── FlowControlLimitError              over PublishFlowControl (ERROR)
 
 "Bad input", "you closed it" and "the world broke it" are different classes, so
 a caller can retry the last kind and fix the first.
@@ -38,10 +40,12 @@ __all__ = [
     "CertificateError",
     "ClosedError",
     "FailedPreconditionError",
+    "FlowControlLimitError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "MessageTooLargeError",
     "NotFoundError",
+    "OrderingKeyPausedError",
     "ResourceExhaustedError",
     "StreamsubError",
     "SubscriptionNotFoundError",
@@ -86,6 +90,26 @@ class FailedPreconditionError(StreamsubError):
     """The operation is not allowed in the current state (the message says why)."""
 
 
+class OrderingKeyPausedError(FailedPreconditionError):
+    """A publish with an ordering key that an earlier failed publish paused.
+
+    Nothing of the call was written. ``topic`` and ``ordering_key`` name the
+    paused key; call ``client.resume_publish(topic, ordering_key)`` once the
+    cause is fixed, then publish again (the failed messages first, to keep
+    their order).
+    """
+
+    def __init__(self, topic: str, ordering_key: str) -> None:
+        super().__init__(
+            f"publishing to topic {topic!r} with ordering key {ordering_key!r} is paused: "
+            "an earlier publish with this key failed, so later ones would overtake it; "
+            f"call client.resume_publish({topic!r}, {ordering_key!r}) and publish the "
+            "failed messages again"
+        )
+        self.topic = topic
+        self.ordering_key = ordering_key
+
+
 class ClosedError(StreamsubError):
     """The client, publisher or subscriber was closed by its owner."""
 
@@ -118,6 +142,13 @@ class UnavailableError(BackendError):
 class ResourceExhaustedError(BackendError):
     """The server refused a write for lack of memory (Redis ``OOM``): raise its
     ``maxmemory``, or tighten the topics' retention."""
+
+
+class FlowControlLimitError(ResourceExhaustedError):
+    """A publish refused by ``PublishFlowControl`` with ``ERROR``: the client has as
+    many messages or bytes outstanding as allowed. Nothing of the call was
+    written; the message says which limit. Publish again once earlier publishes
+    complete, or raise the limit."""
 
 
 class AuthenticationError(UnavailableError):

@@ -8,6 +8,7 @@ limit is explicit: exceeding one is back-pressure or an error, never loss.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 from ._errors import InvalidArgumentError
@@ -19,7 +20,9 @@ __all__ = [
     "MAX_PARTITIONS",
     "BatchSettings",
     "FlowControl",
+    "LimitExceededBehavior",
     "Limits",
+    "PublishFlowControl",
     "RetryPolicy",
 ]
 
@@ -83,6 +86,52 @@ class BatchSettings:
         _positive("BatchSettings", "max_messages", self.max_messages, integer=True)
         _positive("BatchSettings", "max_bytes", self.max_bytes, integer=True)
         _positive("BatchSettings", "max_latency", self.max_latency)
+
+
+class LimitExceededBehavior(enum.StrEnum):
+    """What ``publish`` does when :class:`PublishFlowControl`'s limits are reached
+    (the names are Pub/Sub's)."""
+
+    BLOCK = "block"
+    """Wait, behind the publish calls that came first, until there is room."""
+    ERROR = "error"
+    """Raise :class:`~streamsub.FlowControlLimitError` at once; nothing of the call is written."""
+    IGNORE = "ignore"
+    """No bound: count, but never wait or refuse."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class PublishFlowControl:
+    """How much one client may have published and not yet stored or failed.
+
+    A message counts, with its encoded bytes, from the ``publish`` call until
+    its id is known or its publish failed. The limits hold per client, across
+    all its topics (as Pub/Sub's, per publisher client). ``message_limit``
+    (default 10,000) and ``byte_limit`` (default 10 MiB: ten default batches)
+    bound it; ``limit_exceeded_behavior`` (default ``BLOCK``) says what a
+    publish that would go past either does.
+
+    The default is a bounded, blocking publisher, unlike Pub/Sub's ``IGNORE``:
+    publishing faster than Redis stores would otherwise grow the process's
+    memory without end. With ``BLOCK``, one call larger than a whole limit
+    waits until nothing else is outstanding and then goes alone (Pub/Sub
+    raises instead), so it can neither deadlock nor fail; with ``ERROR`` it
+    always raises.
+    """
+
+    message_limit: int = 10_000
+    byte_limit: int = 10 * 2**20
+    limit_exceeded_behavior: LimitExceededBehavior = LimitExceededBehavior.BLOCK
+
+    def __post_init__(self) -> None:
+        _positive("PublishFlowControl", "message_limit", self.message_limit, integer=True)
+        _positive("PublishFlowControl", "byte_limit", self.byte_limit, integer=True)
+        if not isinstance(self.limit_exceeded_behavior, LimitExceededBehavior):
+            raise InvalidArgumentError(
+                "PublishFlowControl.limit_exceeded_behavior must be a "
+                f"LimitExceededBehavior (BLOCK, ERROR or IGNORE), got "
+                f"{self.limit_exceeded_behavior!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -18,7 +18,7 @@ import streamsub
 from streamsub._backends.base import TopicRecord
 from streamsub._backends.redis import RedisBackend
 from streamsub._core.codec import encode
-from streamsub._engine.publisher import MAX_IN_FLIGHT, MAX_QUEUED_BATCHES, TopicPublisher
+from streamsub._engine.publisher import MAX_IN_FLIGHT, PublishGate, TopicPublisher
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -102,15 +102,17 @@ async def test_a_dying_flusher_fails_waiting_publishes_and_the_next_publish_rest
 async def test_publish_waits_for_room_while_the_queue_is_full(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """With writes stalled, publishes queue up to MAX_QUEUED_BATCHES batches' worth of
-    messages; the next publish waits without queueing its messages, and once writes
-    go on every publish completes, each key's messages stored in publish order."""
+    """With writes stalled, publishes fill PublishFlowControl's message_limit (batches
+    in flight and queued); the next publish waits without queueing its messages, and
+    once writes go on every publish completes, each key's messages stored in
+    publish order."""
     redis_client.flushall()
     backend = _Gated(server.url)
     settings = streamsub.BatchSettings(max_messages=10, max_latency=0.001)
+    gate = PublishGate(streamsub.PublishFlowControl(message_limit=10 * (MAX_IN_FLIGHT + 10)))
     try:
         topic = await backend.create_topic(TopicRecord("pressure", 2, "", 0.0))
-        publisher = TopicPublisher(backend, topic, settings)
+        publisher = TopicPublisher(backend, topic, settings, gate=gate)
 
         def calls(start: int, count: int) -> list[asyncio.Task[list[str]]]:
             return [
@@ -127,16 +129,18 @@ async def test_publish_waits_for_room_while_the_queue_is_full(
 
         in_flight = calls(0, MAX_IN_FLIGHT)
         await until(lambda: backend.started == MAX_IN_FLIGHT, 5, "four writes in flight")
-        queued = calls(MAX_IN_FLIGHT, MAX_QUEUED_BATCHES)
-        await until(lambda: publisher.queued[0] == 10 * MAX_QUEUED_BATCHES, 5, "a full queue")
-        late = calls(MAX_IN_FLIGHT + MAX_QUEUED_BATCHES, 2)
-        await until(lambda: publisher.waiting_for_room == 2, 5, "publishes waiting for room")
-        assert publisher.queued[0] == 10 * MAX_QUEUED_BATCHES, "a waiting publish was queued"
+        queued = calls(MAX_IN_FLIGHT, 10)
+        await until(lambda: publisher.queued[0] == 10 * 10, 5, "a full queue")
+        late = calls(MAX_IN_FLIGHT + 10, 2)
+        await until(lambda: gate.waiting == 2, 5, "publishes waiting for room")
+        assert publisher.queued[0] == 10 * 10, "a waiting publish was queued"
+        assert gate.outstanding[0] == 10 * (MAX_IN_FLIGHT + 10)
 
         backend.gate.set()
         async with asyncio.timeout(10):
             await asyncio.gather(*in_flight, *queued, *late)
         assert publisher.queued == (0, 0)
+        assert gate.outstanding == (0, 0)
         await publisher.aclose()
     finally:
         await backend.close()
@@ -145,7 +149,7 @@ async def test_publish_waits_for_room_while_the_queue_is_full(
     for partition in range(2):
         for _, fields in redis_client.xrange(f"ss:{{pressure.{partition}}}"):
             stored[fields[b"k"].decode()].append(fields[b"d"])
-    total = MAX_IN_FLIGHT + MAX_QUEUED_BATCHES + 2
+    total = MAX_IN_FLIGHT + 10 + 2
     for k in range(3):
         expected = [f"{c}:{i}".encode() for c in range(total) for i in range(10) if i % 3 == k]
         assert stored[f"key-{k}"] == expected, f"key-{k} out of order"

@@ -15,11 +15,13 @@ from streamsub._settings import (
     MAX_PARTITIONS,
     BatchSettings,
     FlowControl,
+    LimitExceededBehavior,
     Limits,
+    PublishFlowControl,
     RetryPolicy,
 )
 
-SETTINGS = [FlowControl, BatchSettings, RetryPolicy, Limits]
+SETTINGS = [FlowControl, BatchSettings, RetryPolicy, Limits, PublishFlowControl]
 
 INTEGER_FIELDS = [
     (FlowControl, "max_messages"),
@@ -27,6 +29,8 @@ INTEGER_FIELDS = [
     (BatchSettings, "max_messages"),
     (BatchSettings, "max_bytes"),
     (Limits, "max_message_bytes"),
+    (PublishFlowControl, "message_limit"),
+    (PublishFlowControl, "byte_limit"),
 ]
 NUMBER_FIELDS = [
     (BatchSettings, "max_latency"),
@@ -180,3 +184,33 @@ def test_settings_are_hashable_values(cls: type) -> None:
     """Equal settings compare and hash equal, so they can key caches."""
     assert cls() == cls()
     assert hash(cls()) == hash(cls())
+
+
+def test_publish_flow_control_defaults_are_as_documented() -> None:
+    """PublishFlowControl defaults to 10,000 messages, 10 MiB and BLOCK, as documented."""
+    assert PublishFlowControl() == PublishFlowControl(
+        message_limit=10_000,
+        byte_limit=10 * 2**20,
+        limit_exceeded_behavior=LimitExceededBehavior.BLOCK,
+    )
+    doc = PublishFlowControl.__doc__ or ""
+    assert "(default 10,000)" in doc
+    assert "(default 10 MiB" in doc
+    assert "(default ``BLOCK``)" in doc
+
+
+@pytest.mark.parametrize("value", ["block", "BLOCK", None, 1], ids=_ids)
+def test_publish_flow_control_refuses_a_behaviour_that_is_not_the_enum(value: object) -> None:
+    """limit_exceeded_behavior must be a LimitExceededBehavior; the error lists the choices."""
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^PublishFlowControl\.limit_exceeded_behavior must be a LimitExceededBehavior "
+        r"\(BLOCK, ERROR or IGNORE\)",
+    ):
+        PublishFlowControl(limit_exceeded_behavior=value)  # type: ignore[arg-type]
+
+
+def test_limit_exceeded_behavior_has_pubsubs_names() -> None:
+    """The behaviours are Pub/Sub's BLOCK, ERROR and IGNORE, as strings."""
+    assert [b.name for b in LimitExceededBehavior] == ["BLOCK", "ERROR", "IGNORE"]
+    assert LimitExceededBehavior.ERROR == "error"

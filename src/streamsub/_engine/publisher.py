@@ -7,13 +7,21 @@ one ordering key stay in publish order.
 
 A failed write fails every publish of that batch with the backend's error: the
 messages may or may not be stored, and the caller decides whether to publish
-again. It also fails every publish still waiting behind it (queued, or waiting
-for room), so that a key's later messages never overtake an earlier failed one,
-and a publish on a dead connection fails within one socket timeout rather than
-one per batch queued ahead of it.
+again. It pauses the batch's ordering keys (see ``_core/publish_flow.py``):
+their messages still queued fail with :class:`OrderingKeyPausedError`, and so
+does every later publish with them until ``resume``, so that a key's later
+messages never overtake an earlier failed one. Messages without a key and
+other keys flow on. A lost connection (:class:`UnavailableError`) also fails
+every publish still queued, pausing their keys too, so that a publish on a
+dead connection fails within one socket timeout rather than one per batch
+queued ahead of it. Batches already sent behind the failed one (at most
+``MAX_IN_FLIGHT - 1``, which Redis runs right after it, and which a lost
+connection fails as well) are not recalled: if one of them is stored, its
+publish returns its ids.
 
-The queue is bounded: while more than :data:`MAX_QUEUED_BATCHES` batches' worth
-of messages or bytes wait unsent, ``publish`` waits (in call order) for room.
+Every client has one :class:`PublishGate`, shared by its topics' publishers:
+``publish`` takes its messages' share of ``PublishFlowControl`` before it
+queues them, and gives it back as they are stored or fail.
 
 The flusher task is supervised: if it dies on an unexpected error, every
 publish waiting on it fails with a ``BackendError`` saying so, and the next
@@ -28,26 +36,110 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from .._backends.base import Backend, TopicRecord
 from .._core.batch import Batch, Batcher
 from .._core.codec import Encoded
 from .._core.partition import StickyPartitioner, partition_for_key
-from .._errors import BackendError, ClosedError, StreamsubError
-from .._settings import BatchSettings
+from .._core.publish_flow import PausedKeys, PublishBudget
+from .._errors import (
+    BackendError,
+    ClosedError,
+    FlowControlLimitError,
+    OrderingKeyPausedError,
+    StreamsubError,
+    UnavailableError,
+)
+from .._settings import BatchSettings, LimitExceededBehavior, PublishFlowControl
 
-__all__ = ["MAX_IN_FLIGHT", "MAX_QUEUED_BATCHES", "TopicPublisher"]
+__all__ = ["MAX_IN_FLIGHT", "PublishGate", "TopicPublisher"]
 
 log = logging.getLogger("streamsub")
 
 MAX_IN_FLIGHT = 4
 """Batches written at once: Redis appends one while the next is on its way."""
-MAX_QUEUED_BATCHES = 10
-"""``publish`` waits while more than this many batches' worth of messages
-(``BatchSettings.max_messages``) or bytes (``max_bytes``) wait unsent: 10,000
-messages or 10 MiB by default. One call may go past it by its own size."""
 _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
+
+
+class _Entry:
+    """A publish call waiting in the gate's line."""
+
+    __slots__ = ("future", "messages", "size")
+
+    def __init__(self, messages: int, size: int) -> None:
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.messages = messages
+        self.size = size
+
+
+class PublishGate:
+    """One client's :class:`PublishFlowControl`: admits publish calls in call order."""
+
+    def __init__(self, settings: PublishFlowControl) -> None:
+        self._budget = PublishBudget(settings)
+        self._line: collections.deque[_Entry] = collections.deque()
+
+    @property
+    def outstanding(self) -> tuple[int, int]:
+        """Messages and bytes published and not yet stored or failed."""
+        return self._budget.messages, self._budget.bytes
+
+    @property
+    def waiting(self) -> int:
+        """Publish calls waiting for room (``BLOCK``)."""
+        return len(self._line)
+
+    async def acquire(self, messages: int, size: int) -> None:
+        """Count a call of ``messages`` and ``size`` bytes as outstanding: at once if
+        it fits and nobody waits, else as its behaviour says."""
+        budget = self._budget
+        behavior = budget.settings.limit_exceeded_behavior
+        if behavior is LimitExceededBehavior.ERROR:
+            over = budget.over(messages, size)
+            if over is not None:
+                raise FlowControlLimitError(
+                    f"publish refused by PublishFlowControl(limit_exceeded_behavior=ERROR) "
+                    f"at its {over}; nothing of it was written: publish it again once "
+                    "earlier publishes complete, or raise the limit"
+                )
+        elif self._line or not budget.fits(messages, size):
+            await self._wait(messages, size)
+            return
+        budget.take(messages, size)
+
+    async def _wait(self, messages: int, size: int) -> None:
+        entry = _Entry(messages, size)
+        self._line.append(entry)
+        try:
+            await entry.future
+        except BaseException:  # cancelled: make way for the next one
+            with contextlib.suppress(ValueError):
+                self._line.remove(entry)
+            if entry.future.done() and not entry.future.cancelled():
+                self._budget.release(messages, size)  # admitted, then cancelled
+            self._let_in()
+            raise
+        # Admitted ones leave the line only as they resume, in order: until then
+        # a new call may not pass them (it would overtake their messages).
+        self._line.remove(entry)
+
+    def release(self, messages: int, size: int) -> None:
+        """Messages stored or failed: give their share back and admit who fits."""
+        if messages:
+            self._budget.release(messages, size)
+            self._let_in()
+
+    def _let_in(self) -> None:
+        budget = self._budget
+        for entry in self._line:
+            if entry.future.done():
+                continue  # admitted, not yet resumed
+            if not budget.fits(entry.messages, entry.size):
+                return
+            budget.take(entry.messages, entry.size)
+            entry.future.set_result(None)
 
 
 class _Waiter:
@@ -71,13 +163,21 @@ class _Waiter:
             self.future.set_exception(exc)
 
 
-_Token = tuple[_Waiter, int]
+class _Token(NamedTuple):
+    """One queued message: whose it is, and what the bookkeeping needs of it."""
+
+    waiter: _Waiter
+    position: int
+    key: str | None
+    size: int
 
 
-def _fail_batch(batch: Batch[_Token], exc: BaseException) -> None:
-    for messages in batch.values():
-        for _, (waiter, _index) in messages:
-            waiter.fail(exc)
+class _Ready(NamedTuple):
+    """A closed batch waiting for its write."""
+
+    batch: Batch[_Token]
+    messages: int
+    size: int
 
 
 class TopicPublisher:
@@ -89,22 +189,23 @@ class TopicPublisher:
         topic: TopicRecord,
         settings: BatchSettings,
         *,
+        gate: PublishGate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend = backend
         self._topic = topic
         self._clock = clock
+        self._gate = gate or PublishGate(PublishFlowControl())
         self._batcher: Batcher[_Token] = Batcher(settings)
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
         self._key_partitions: dict[str, int] = {}
-        self._ready: collections.deque[tuple[Batch[_Token], int, int]] = collections.deque()
+        self._paused = PausedKeys()
+        self._ready: collections.deque[_Ready] = collections.deque()
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
         self._queued_bytes = 0
-        self._max_queued_messages = MAX_QUEUED_BATCHES * settings.max_messages
-        self._max_queued_bytes = MAX_QUEUED_BATCHES * settings.max_bytes
-        self._admission: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._entering = 0
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
@@ -118,10 +219,13 @@ class TopicPublisher:
         """Messages and bytes published and not yet handed to a write."""
         return self._queued_messages, self._queued_bytes
 
-    @property
-    def waiting_for_room(self) -> int:
-        """Publish calls waiting for the queue to have room."""
-        return len(self._admission)
+    def paused(self, ordering_key: str) -> bool:
+        """Whether a failed publish paused ``ordering_key`` on this topic."""
+        return ordering_key in self._paused
+
+    def resume(self, ordering_key: str) -> bool:
+        """Let publishes with ``ordering_key`` go again; return whether it was paused."""
+        return self._paused.resume(ordering_key)
 
     def _partition(self, message: Encoded) -> int:
         key = message.ordering_key
@@ -134,41 +238,33 @@ class TopicPublisher:
             partition = self._key_partitions[key] = partition_for_key(key, self._topic.partitions)
         return partition
 
-    def _full(self) -> bool:
-        return (
-            self._queued_messages >= self._max_queued_messages
-            or self._queued_bytes >= self._max_queued_bytes
-        )
-
-    async def _admit(self) -> None:
-        """Wait, behind earlier waiters, until the queue has room."""
-        if not self._admission and not self._full():
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._admission.append(future)
-        try:
-            await future
-        except BaseException:  # failed, or cancelled: make way for the next one
-            with contextlib.suppress(ValueError):
-                self._admission.remove(future)
-            self._let_in()
-            raise
-        # Only the first waiter is woken: it leaves the line and queues its
-        # messages before the next one runs, which keeps call order.
-        self._admission.popleft()
-
-    def _let_in(self) -> None:
-        """Wake the first publish waiting for room, if there is room."""
-        if self._admission and not self._full():
-            head = self._admission[0]
-            if not head.done():
-                head.set_result(None)
+    def _check_paused(self, messages: Sequence[Encoded]) -> None:
+        key = self._paused.first_paused(message.ordering_key for message in messages)
+        if key is not None:
+            raise OrderingKeyPausedError(self._topic.name, key)
 
     async def publish(self, messages: Sequence[Encoded]) -> list[str]:
-        """Queue ``messages`` (already checked) and return their ids once written."""
+        """Queue ``messages`` (already checked) and return their ids once written.
+
+        Raises :class:`OrderingKeyPausedError` if one of their keys is paused and
+        :class:`FlowControlLimitError` if the gate refuses them: in both cases
+        nothing of the call is written.
+        """
         if self._closed:
             raise ClosedError("the publisher is closed; publish before closing the client")
-        await self._admit()
+        self._check_paused(messages)  # fails fast, without waiting for room
+        size = sum(message.size for message in messages)
+        self._entering += 1
+        try:
+            await self._gate.acquire(len(messages), size)
+        finally:
+            self._entering -= 1
+            self._wake.set()  # a closing flusher waits for calls on their way in
+        try:
+            self._check_paused(messages)  # paused while this call waited for room
+        except OrderingKeyPausedError:
+            self._gate.release(len(messages), size)
+            raise
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
         waiter = _Waiter(len(messages))
@@ -180,36 +276,65 @@ class TopicPublisher:
             partition = self._partition(message)
             self._open_messages += 1
             self._open_bytes += message.size
-            if batcher.add(partition, message.packed, message.size, (waiter, index), now):
+            token = _Token(waiter, index, message.ordering_key, message.size)
+            if batcher.add(partition, message.packed, message.size, token, now):
                 self._close_batch()
         self._queued_messages += len(messages)
-        self._queued_bytes += sum(message.size for message in messages)
+        self._queued_bytes += size
         self._wake.set()
-        self._let_in()  # the next waiter, if this call left room
         return await waiter.future
 
     def _close_batch(self) -> None:
-        self._ready.append((self._batcher.take(), self._open_messages, self._open_bytes))
+        self._ready.append(_Ready(self._batcher.take(), self._open_messages, self._open_bytes))
         self._open_messages = self._open_bytes = 0
         self._sticky.advance()
 
-    def _unqueue(self, messages: int, size: int) -> None:
-        self._queued_messages -= messages
-        self._queued_bytes -= size
-        self._let_in()
+    def _fail_batch(self, ready: _Ready, exc: BaseException) -> None:
+        """Fail every publish of ``ready`` with ``exc`` and pause its keys."""
+        keys: list[str | None] = []
+        for messages in ready.batch.values():
+            for _, token in messages:
+                token.waiter.fail(exc)
+                keys.append(token.key)
+        self._paused.pause(keys)
+        self._gate.release(ready.messages, ready.size)
 
-    def _fail_waiting(self, exc: BaseException) -> None:
-        """Fail every publish queued or waiting for room (not those in flight)."""
+    def _drop_queued(self, exc: BaseException | None) -> None:
+        """Fail the queued messages of paused keys with OrderingKeyPausedError and,
+        given ``exc``, every other queued message with it (pausing their keys)."""
         if len(self._batcher):
             self._close_batch()
-        ready, self._ready = self._ready, collections.deque()
-        for batch, _, _ in ready:
-            _fail_batch(batch, exc)
-        self._queued_messages = self._queued_bytes = 0
-        admission, self._admission = self._admission, collections.deque()
-        for future in admission:
-            if not future.done():
-                future.set_exception(exc)
+        kept: collections.deque[_Ready] = collections.deque()
+        dropped = dropped_size = 0
+        failed_keys: list[str | None] = []
+        for ready in self._ready:
+            batch: Batch[_Token] = {}
+            count = size = 0
+            for partition, messages in ready.batch.items():
+                keep = []
+                for entry in messages:
+                    token = entry[1]
+                    if token.key is not None and token.key in self._paused:
+                        token.waiter.fail(OrderingKeyPausedError(self._topic.name, token.key))
+                    elif exc is not None:
+                        token.waiter.fail(exc)
+                        failed_keys.append(token.key)
+                    else:
+                        keep.append(entry)
+                        count += 1
+                        size += token.size
+                        continue
+                    dropped += 1
+                    dropped_size += token.size
+                if keep:
+                    batch[partition] = keep
+            if batch:
+                kept.append(_Ready(batch, count, size))
+        self._ready = kept
+        self._paused.pause(failed_keys)
+        self._queued_messages -= dropped
+        self._queued_bytes -= dropped_size
+        self._gate.release(dropped, dropped_size)
 
     def _unexpected(self, exc: BaseException) -> BackendError:
         error = BackendError(
@@ -226,7 +351,7 @@ class TopicPublisher:
         except BaseException as exc:
             error = self._unexpected(exc)
             log.error("streamsub: %s", error)
-            self._fail_waiting(error)
+            self._drop_queued(error)
             if not isinstance(exc, Exception):
                 raise
             # Otherwise handed to every waiting publish: nothing left to report.
@@ -248,15 +373,16 @@ class TopicPublisher:
                     continue
                 # Started in order, written in order: the backend sends each
                 # write behind the previous one on the same connection.
-                batch, messages, size = self._ready.popleft()
-                self._unqueue(messages, size)
-                task = loop.create_task(self._write(batch))
+                ready = self._ready.popleft()
+                self._queued_messages -= ready.messages
+                self._queued_bytes -= ready.size
+                task = loop.create_task(self._write(ready))
                 task.add_done_callback(self._write_done)
                 in_flight.add(task)
                 continue
             deadline = self._batcher.deadline()
             if deadline is None:
-                if self._closed and not self._admission:
+                if self._closed and not self._entering:
                     if not in_flight:
                         return
                     await asyncio.wait(in_flight)
@@ -276,20 +402,23 @@ class TopicPublisher:
             if len(self._batcher):
                 self._close_batch()
 
-    async def _write(self, batch: Batch[_Token]) -> None:
+    async def _write(self, ready: _Ready) -> None:
+        batch = ready.batch
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
         try:
             ids = await self._backend.append(self._topic, payload)
-            for partition, messages in batch.items():
-                prefix = f"{partition}-"
-                for (_, (waiter, index)), entry_id in zip(messages, ids[partition], strict=True):
-                    waiter.resolve(index, prefix + entry_id)
         except StreamsubError as exc:  # every publish of the batch learns of the failure
-            _fail_batch(batch, exc)
-            self._fail_waiting(exc)
+            self._fail_batch(ready, exc)
+            self._drop_queued(exc if isinstance(exc, UnavailableError) else None)
+            return
         except BaseException as exc:
-            _fail_batch(batch, self._unexpected(exc))
+            self._fail_batch(ready, self._unexpected(exc))
             raise
+        for partition, messages in batch.items():
+            prefix = f"{partition}-"
+            for (_, token), entry_id in zip(messages, ids[partition], strict=True):
+                token.waiter.resolve(token.position, prefix + entry_id)
+        self._gate.release(ready.messages, ready.size)
 
     async def aclose(self) -> None:
         """Write what is queued, then stop."""

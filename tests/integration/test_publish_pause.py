@@ -1,0 +1,133 @@
+"""Ordering keys paused by a failed publish, on a private real redis-server made to
+refuse writes (``maxmemory`` tiny, ``noeviction``: every append fails with OOM)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import streamsub
+from streamsub.testing import RedisServer, redis_server
+
+KEYS = [f"key-{k}" for k in range(6)]
+
+
+@pytest.fixture
+def oom_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
+    """A private server: its memory settings change, so it is not the session's."""
+    with redis_server(data_dir, binary=redis_binary) as running:
+        yield running
+
+
+def _evals(admin: redis.Redis) -> int:
+    stats = admin.info("commandstats")
+    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+
+
+def _stored(admin: redis.Redis, topic: str, partitions: int) -> dict[str, list[bytes]]:
+    """Each ordering key's data as XRANGE reads it ("" for no key)."""
+    stored: dict[str, list[bytes]] = {}
+    for p in range(partitions):
+        for _, fields in admin.xrange(f"ss:{{{topic}.{p}}}"):
+            stored.setdefault(fields.get(b"k", b"").decode(), []).append(fields[b"d"])
+    return stored
+
+
+async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
+    oom_server: RedisServer,
+) -> None:
+    """With the server out of memory, many publishes over six keys and keyless ones all
+    fail: keyed ones with ResourceExhaustedError or, queued behind a failure,
+    OrderingKeyPausedError; keyless ones only with ResourceExhaustedError. Later
+    publishes of the paused keys fail fast without a command reaching Redis, keyless
+    ones and a fresh key are not paused. With memory back, a paused key still fails
+    until resume_publish, then publishes, and each key's stream order is exactly what
+    was stored before plus what was published after."""
+    admin = redis.Redis.from_url(oom_server.url)
+    batch = streamsub.BatchSettings(max_messages=5, max_latency=0.001)
+    try:
+        async with streamsub.connect(oom_server.url, batch_settings=batch) as client:
+            await client.create_topic("paused", partitions=4)
+            before = [
+                streamsub.OutgoingMessage(data=f"before-{i}".encode(), ordering_key=KEYS[i % 6])
+                for i in range(60)
+            ]
+            await client.publish_many("paused", before)
+
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+            calls = [
+                client.publish(
+                    "paused",
+                    f"during-{i}".encode(),
+                    ordering_key=None if i % 4 == 0 else KEYS[i % 6],
+                )
+                for i in range(120)
+            ]
+            async with asyncio.timeout(20):
+                results = await asyncio.gather(*calls, return_exceptions=True)
+            paused_errors = 0
+            for i, result in enumerate(results):
+                if i % 4 == 0:
+                    assert isinstance(result, streamsub.ResourceExhaustedError), result
+                    assert not isinstance(result, streamsub.FlowControlLimitError)
+                else:
+                    assert isinstance(
+                        result, streamsub.ResourceExhaustedError | streamsub.OrderingKeyPausedError
+                    ), result
+                    paused_errors += isinstance(result, streamsub.OrderingKeyPausedError)
+            assert paused_errors > 0, "no publish was queued behind a failed one"
+
+            evals = _evals(admin)
+            for key in KEYS:
+                with pytest.raises(streamsub.OrderingKeyPausedError) as info:
+                    await client.publish("paused", b"late", ordering_key=key)
+                assert info.value.topic == "paused"
+                assert info.value.ordering_key == key
+                message = str(info.value)
+                assert f"client.resume_publish('paused', {key!r})" in message
+                with pytest.raises(streamsub.OrderingKeyPausedError):  # all or nothing
+                    await client.publish_many(
+                        "paused",
+                        [b"keyless", streamsub.OutgoingMessage(data=b"x", ordering_key=key)],
+                    )
+            assert _evals(admin) == evals, "a publish to a paused key reached Redis"
+            with pytest.raises(streamsub.ResourceExhaustedError):  # keyless: not paused
+                await client.publish("paused", b"keyless-still-oom")
+            assert _evals(admin) > evals
+
+            admin.config_set("maxmemory", 0)
+            # Memory back: keyless and a fresh key flow, the paused keys stay paused.
+            await client.publish("paused", b"keyless-after")
+            await client.publish("paused", b"fresh-after", ordering_key="fresh")
+            with pytest.raises(streamsub.OrderingKeyPausedError):
+                await client.publish("paused", b"late", ordering_key=KEYS[0])
+            for key in KEYS[:3]:
+                client.resume_publish("paused", key)
+            client.resume_publish("paused", "never-paused")  # a no-op
+            client.resume_publish("no-such-topic", key)  # a no-op
+            after = [
+                streamsub.OutgoingMessage(data=f"after-{i}".encode(), ordering_key=KEYS[i % 3])
+                for i in range(30)
+            ]
+            await asyncio.gather(
+                *(client.publish_many("paused", after[i : i + 5]) for i in range(0, 30, 5))
+            )
+            for key in KEYS[3:]:
+                with pytest.raises(streamsub.OrderingKeyPausedError):
+                    await client.publish("paused", b"late", ordering_key=key)
+
+        stored = _stored(admin, "paused", 4)
+        for key in KEYS:
+            expected = [m.data for m in before if m.ordering_key == key]
+            expected += [m.data for m in after if m.ordering_key == key]
+            assert stored.get(key) == expected, f"{key}: {stored.get(key)}"
+        assert stored["fresh"] == [b"fresh-after"]
+        assert stored[""] == [b"keyless-after"]
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
