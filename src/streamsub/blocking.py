@@ -52,7 +52,6 @@ from ._backends.base import Backend
 from ._blocking_loop import LoopThread
 from ._client import (
     DEFAULT_CONSUMER_EXPIRY,
-    DEFAULT_MAX_LEASE_DURATION,
     DEFAULT_SHUTDOWN_TIMEOUT,
     Start,
     Subscriber,
@@ -74,6 +73,7 @@ from ._settings import (
     BatchSettings,
     FlowControl,
     Limits,
+    PublishFlowControl,
     RetryPolicy,
 )
 
@@ -86,6 +86,7 @@ def connect(
     url: str | None = None,
     *,
     batch_settings: BatchSettings | None = None,
+    publish_flow_control: PublishFlowControl | None = None,
     limits: Limits | None = None,
     backend: Backend | None = None,
     trim_in_background: bool = True,
@@ -104,6 +105,7 @@ def connect(
     return Client(
         url,
         batch_settings=batch_settings,
+        publish_flow_control=publish_flow_control,
         limits=limits,
         backend=backend,
         trim_in_background=trim_in_background,
@@ -212,6 +214,7 @@ class Client:
         url: str | None = None,
         *,
         batch_settings: BatchSettings | None = None,
+        publish_flow_control: PublishFlowControl | None = None,
         limits: Limits | None = None,
         backend: Backend | None = None,
         trim_in_background: bool = True,
@@ -228,6 +231,7 @@ class Client:
             client = _client.connect(
                 url,
                 batch_settings=batch_settings,
+                publish_flow_control=publish_flow_control,
                 limits=limits,
                 backend=backend,
                 trim_in_background=trim_in_background,
@@ -315,6 +319,14 @@ class Client:
             self._client.publish, topic, data, ordering_key=ordering_key, attributes=attributes
         )
 
+    def resume_publish(self, topic: str, ordering_key: str) -> None:
+        """Let publishes to ``topic`` with ``ordering_key`` go again after a failed
+        publish paused them (see :meth:`streamsub.Client.resume_publish`)."""
+        self._loop.call(self._resume_publish, topic, ordering_key)
+
+    async def _resume_publish(self, topic: str, ordering_key: str) -> None:
+        self._client.resume_publish(topic, ordering_key)
+
     def publish_many(
         self, topic: str, messages: Iterable[OutgoingMessage | bytes]
     ) -> concurrent.futures.Future[list[str]]:
@@ -332,7 +344,7 @@ class Client:
         flow_control: FlowControl | None = None,
         ack_mode: AckMode = "auto",
         consumer: str | None = None,
-        max_lease_duration: float = DEFAULT_MAX_LEASE_DURATION,
+        max_lease_duration: float | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         consumer_expiry: float = DEFAULT_CONSUMER_EXPIRY,
         handler_threads: int = DEFAULT_HANDLER_THREADS,
@@ -374,7 +386,7 @@ class Client:
         flow_control: FlowControl | None,
         ack_mode: AckMode,
         consumer: str | None,
-        max_lease_duration: float,
+        max_lease_duration: float | None,
         shutdown_timeout: float,
         consumer_expiry: float,
         handler_threads: int,

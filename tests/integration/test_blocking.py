@@ -418,3 +418,13 @@ def test_errors_reach_the_caller_unchanged(blocking: streamsub.blocking.Client) 
         blocking.subscribe("missing-sub", lambda m: None)
     with pytest.raises(streamsub.InvalidArgumentError, match="ack_mode"):
         blocking.subscribe("missing-sub", lambda m: None, ack_mode="never")  # type: ignore[arg-type]
+
+
+def test_resume_publish_is_the_async_clients(blocking: streamsub.blocking.Client) -> None:
+    """resume_publish runs the async client's on the loop: its errors unchanged,
+    a key that is not paused left as it is."""
+    blocking.create_topic("orders")
+    with pytest.raises(streamsub.InvalidArgumentError, match="ordering_key"):
+        blocking.resume_publish("orders", "")
+    blocking.resume_publish("orders", "customer-7")
+    assert blocking.publish("orders", b"a", ordering_key="customer-7").result(10)
