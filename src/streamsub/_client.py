@@ -126,6 +126,9 @@ class SubscriptionStats:
     """Published and not yet delivered (None when the server cannot tell)."""
     consumers: int
     partitions: tuple[GroupInfo, ...]
+    owners: dict[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    """Ordered subscriptions: partition -> (owning subscriber, fencing token), for
+    the partitions a live subscriber owns."""
 
 
 def _utc(seconds: float) -> datetime.datetime:
@@ -551,6 +554,9 @@ class Client:
         topic = await self._topic_record(record.topic)
         infos = await self._backend.group_info(topic, name)
         lags = [i.lag for i in infos]
+        owners = {}
+        if record.settings.get("enable_message_ordering"):
+            owners = await self._backend.partition_owners(name)
         return SubscriptionStats(
             subscription=name,
             topic=topic.name,
@@ -559,6 +565,7 @@ class Client:
             lag=None if None in lags else sum(lag for lag in lags if lag is not None),
             consumers=max((i.consumers for i in infos), default=0),
             partitions=tuple(infos),
+            owners=owners,
         )
 
     # --- publishing ------------------------------------------------------------

@@ -889,6 +889,7 @@ def _stats_json(stats: SubscriptionStats) -> dict[str, object]:
                 "lag": p.lag,
                 "last_delivered_id": p.last_delivered_id,
                 "consumers": p.consumers,
+                "owner": stats.owners[p.partition][0] if p.partition in stats.owners else None,
             }
             for p in stats.partitions
         ],
@@ -1025,16 +1026,23 @@ def sub_describe(name: str, url: Url = streamsub.DEFAULT_URL, as_json: Json = Fa
     grid.add_row("lag (undelivered)", "?" if stats.lag is None else f"{stats.lag:,}")
     grid.add_row("consumers", str(stats.consumers))
     out.print(grid)
-    table = Table("partition", "messages", "pending", "lag", "last delivered", "consumers")
+    columns = ["partition", "messages", "pending", "lag", "last delivered", "consumers"]
+    if sub.enable_message_ordering:
+        columns.append("owner (token)")
+    table = Table(*columns)
     for p in stats.partitions:
-        table.add_row(
+        row = [
             str(p.partition),
             f"{p.length:,}",
             f"{p.pending:,}",
             "?" if p.lag is None else f"{p.lag:,}",
             p.last_delivered_id,
             str(p.consumers),
-        )
+        ]
+        if sub.enable_message_ordering:
+            owner = stats.owners.get(p.partition)
+            row.append("-" if owner is None else f"{owner[0]} ({owner[1]})")
+        table.add_row(*row)
     out.print(table)
 
 

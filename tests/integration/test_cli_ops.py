@@ -284,3 +284,23 @@ def test_metrics_addr_chooses_the_interface_the_endpoint_binds(
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=10)
+
+
+def test_sub_describe_shows_partition_owners_of_an_ordered_subscription(
+    cli: Any, server: RedisServer
+) -> None:
+    """describe names each partition's owner and fencing token (table and --json)."""
+
+    async def setup(client: streamsub.Client) -> None:
+        topic = await client.create_topic("ordered", partitions=2)
+        await client.create_subscription(
+            "ordered-sub", topic="ordered", enable_message_ordering=True
+        )
+        record = await client._topic_record(topic.name)
+        await client._backend.own_partitions(record, "ordered-sub", "worker-1", 30_000)
+
+    _with_client(server, setup)
+    described = json.loads(cli("sub", "describe", "ordered-sub", "--json").stdout)
+    assert [p["owner"] for p in described["stats"]["partitions"]] == ["worker-1", "worker-1"]
+    text = cli("sub", "describe", "ordered-sub").stdout
+    assert "worker-1 (1)" in text

@@ -281,3 +281,20 @@ async def test_subscribers_of_an_ordered_subscription_share_its_partitions(
     wrong = {k: v for k, v in watch.first.items() if v != list(range(40))}
     assert not wrong, str(wrong)
     assert all(by[f"s{i}"] > 0 for i in range(3)), by
+
+
+async def test_stats_show_who_owns_each_partition(client: streamsub.Client) -> None:
+    """statistics() and subscription_stats() show the partitions a subscriber of an
+    ordered subscription owns, with their fencing tokens; leaving hands them
+    over at once (no owner left, no lease to wait for)."""
+    await client.create_topic("orders", partitions=4)
+    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    async with client.subscribe("billing", lambda m: None, consumer="only") as subscriber:
+        await until(lambda: len(subscriber.statistics().partitions) == 4, 15, "ownership")
+        stats = await client.subscription_stats("billing")
+        assert {p: owner for p, (owner, _) in stats.owners.items()} == dict.fromkeys(
+            range(4), "only"
+        )
+        assert {p: token for p, (_, token) in stats.owners.items()} == subscriber.statistics().owned
+        assert all(token >= 1 for token in subscriber.statistics().owned.values())
+    assert (await client.subscription_stats("billing")).owners == {}
