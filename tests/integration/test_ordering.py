@@ -298,3 +298,39 @@ async def test_stats_show_who_owns_each_partition(client: streamsub.Client) -> N
         assert {p: token for p, (_, token) in stats.owners.items()} == subscriber.statistics().owned
         assert all(token >= 1 for token in subscriber.statistics().owned.values())
     assert (await client.subscription_stats("billing")).owners == {}
+
+
+async def test_a_new_owner_takes_a_nacked_message_before_the_later_ones_of_its_key(
+    client: streamsub.Client,
+) -> None:
+    """A subscriber nacks message 3 of a key with a 600 s backoff and stops; the
+    subscriber that gets the partition takes message 3 over at once (delivery 2),
+    before 4..9, rather than letting them overtake it while it waits out its
+    backoff."""
+    await client.create_topic("orders", partitions=2)
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        enable_message_ordering=True,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=600.0, maximum_backoff=600.0),
+    )
+    first: list[tuple[int, int]] = []
+    second: list[tuple[int, int]] = []
+
+    def recorder(seen: list[tuple[int, int]]) -> Callable[[streamsub.Message], None]:
+        def handle(message: streamsub.Message) -> None:
+            index = int(message.data.split(b":")[1])
+            seen.append((index, message.delivery_attempt))
+            if index == 3 and message.delivery_attempt == 1:
+                raise RuntimeError("later")
+
+        return handle
+
+    async with client.subscribe("billing", recorder(first), consumer="a"):
+        await _publish_keys(client, "orders", ["k"], 10)
+        await until(lambda: len(first) == 4, 30, "the nack")
+        await asyncio.sleep(0.5)
+    assert first == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    async with client.subscribe("billing", recorder(second), consumer="b"):
+        await until(lambda: len(second) == 7, 30, "the rest of the key")
+    assert second == [(3, 2)] + [(n, 1) for n in range(4, 10)]

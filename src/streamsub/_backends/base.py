@@ -265,12 +265,16 @@ class Backend(Protocol):
         count: int,
         max_attempts: int,
         skip: Mapping[int, Sequence[str]] | None = None,
+        *,
+        take_parked: bool = False,
     ) -> tuple[list[Reclaimed], dict[int, str]]:
         """Claim up to ``count`` entries per partition idle >= ``min_idle_ms``,
         scanning from each cursor (``"-"`` starts a sweep); return them and the next
         cursors (``"0-0"`` = done). Entries delivered ``max_attempts`` times (0 = no
         limit) come back exhausted, held but not counted as delivered again.
-        Entries in ``skip`` (still in this consumer's hands) are left alone."""
+        Entries in ``skip`` (still in this consumer's hands) are left alone.
+        Nacked entries whose backoff runs are left alone too, unless
+        ``take_parked`` (a new owner of an ordered partition takes everything)."""
         ...
 
     async def ack_owned(

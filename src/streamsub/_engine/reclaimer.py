@@ -126,21 +126,22 @@ class Reclaimer:
     async def sweep(self) -> None:
         """One pass over the idle pending entries of the partitions this subscriber
         reads."""
-        await self._pass(self._assignment.partitions, self._min_idle_ms)
+        await self._pass(self._assignment.partitions, self._min_idle_ms, take_parked=False)
 
     async def take_over(self, partitions: list[int]) -> None:
         """Take every entry still pending in ``partitions`` (newly owned), idle or
-        not, but for nacked ones whose backoff runs and those this subscriber holds."""
-        await self._pass(partitions, 0)
+        not, nacked ones whose backoff runs included (so that no later message of
+        their key overtakes them), but for those this subscriber holds."""
+        await self._pass(partitions, 0, take_parked=True)
 
-    async def _pass(self, partitions: list[int], min_idle_ms: int) -> None:
+    async def _pass(self, partitions: list[int], min_idle_ms: int, *, take_parked: bool) -> None:
         try:
             self.partitions_swept = frozenset(partitions)
-            await self._sweep(partitions, min_idle_ms)
+            await self._sweep(partitions, min_idle_ms, take_parked)
         finally:
             self.partitions_swept = frozenset()
 
-    async def _sweep(self, partitions: list[int], min_idle_ms: int) -> None:
+    async def _sweep(self, partitions: list[int], min_idle_ms: int, take_parked: bool) -> None:
         max_attempts = self._max_attempts
         inventory = self._inventory
         cursors = dict.fromkeys(partitions, "-")
@@ -165,6 +166,7 @@ class Reclaimer:
                     # What our handlers still hold is ours, leased or not: claiming
                     # it again would count a delivery that does not happen.
                     inventory.held_ids(),
+                    take_parked=take_parked,
                 )
             except BaseException:
                 inventory.unreserve(grant)

@@ -729,6 +729,8 @@ class RedisBackend:
         count: int,
         max_attempts: int,
         skip: Mapping[int, Sequence[str]] | None = None,
+        *,
+        take_parked: bool = False,
     ) -> tuple[list[Reclaimed], dict[int, str]]:
         skip = skip or {}
         calls = [
@@ -743,6 +745,7 @@ class RedisBackend:
                     count,
                     max_attempts,
                     " ".join(skip.get(p, ())),
+                    "1" if take_parked else "0",
                 ],
             )
             for p, cursor in cursors.items()

@@ -7,7 +7,9 @@
 -- the cursor returned), count (entries to take at most), max delivery attempts
 -- (0 = no limit), ids to leave alone, separated by spaces (this consumer's
 -- handlers still hold them, or their acks are on the way: claiming them would
--- count a delivery that is not).
+-- count a delivery that is not), "1" to take parked nacks before they are due
+-- (a new owner of an ordered subscription's partition takes everything, so
+-- that no later message of a key overtakes a nacked one).
 -- Nacks delayed past min-idle wait parked under the consumer
 -- 'streamsub.delayed' (see nack.lua): the scan passes over them by name, at no
 -- cost per entry; on a sweep's first call the due ones are read from the delay
@@ -26,6 +28,7 @@ local count, max_attempts = tonumber(ARGV[5]), tonumber(ARGV[6])
 local PARKED = 'streamsub.delayed'
 local skip = {}
 for id in string.gmatch(ARGV[7] or '', '%S+') do skip[id] = true end
+local take_parked = ARGV[8] == '1'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local items = {}
@@ -73,9 +76,9 @@ for i, p in ipairs(pending) do
     break
   end
   local id, owner = p[1], p[2]
-  if owner ~= PARKED and not skip[id] then
+  if (take_parked or owner ~= PARKED) and not skip[id] then
     local due = redis.call('ZSCORE', delays, id)
-    if not (due and tonumber(due) > now) then
+    if take_parked or not (due and tonumber(due) > now) then
       if due then redis.call('ZREM', delays, id) end
       take(id, p[3], p[4])
     end
