@@ -144,3 +144,86 @@ class StreamsubDef(Streamsub):
             receiver.on_message(message.data)
 
         return receiver, handler
+
+
+KEYS = 200
+"""Ordering keys of the keyed rounds: many keys, as users have (customers, orders)."""
+SUBSCRIBERS = 4
+
+
+class StreamsubKeyed(Streamsub):
+    """streamsub with every message under one of 200 ordering keys and four
+    subscribers (four clients in the consuming process) on an unordered
+    subscription: any subscriber reads any partition and a key's messages run
+    side by side. The baseline of ``streamsub-ordered``."""
+
+    name = "streamsub-4sub"
+    ordered = False
+
+    async def setup(self) -> None:
+        streamsub = self.lib()
+        async with streamsub.connect(self.env.redis_url) as client:
+            await client.create_topic(TOPIC, partitions=PARTITIONS)
+            await client.create_subscription(
+                SUBSCRIPTION,
+                topic=TOPIC,
+                start="earliest",
+                ack_deadline=self.ack_deadline,
+                enable_message_ordering=self.ordered,
+            )
+
+    async def publish(self, n: int, size: int) -> float:
+        streamsub = self.lib()
+        pad = padding(size)
+        window = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
+
+        async with streamsub.connect(self.env.redis_url) as client:
+
+            async def publish_chunk(base: int) -> None:
+                async with window:
+                    chunk = [
+                        streamsub.OutgoingMessage(
+                            data=stamp(seq, pad), ordering_key=f"customer-{seq % KEYS}"
+                        )
+                        for seq in range(base, min(base + PUBLISH_CHUNK, n))
+                    ]
+                    await client.publish_many(TOPIC, chunk)
+
+            start = time.perf_counter()
+            tasks = [
+                asyncio.create_task(publish_chunk(base)) for base in range(0, n, PUBLISH_CHUNK)
+            ]
+            await asyncio.gather(*tasks)
+            return time.perf_counter() - start
+
+    async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
+        streamsub = self.lib()
+        receiver, handler = self.make_handler(n)
+        flow_control = streamsub.FlowControl(max_messages=MAX_OUTSTANDING)
+        watcher = Redis.from_url(self.env.redis_url)
+        clients = [streamsub.connect(self.env.redis_url) for _ in range(SUBSCRIBERS)]
+        subscribers = [
+            client.subscribe(SUBSCRIPTION, handler, flow_control=flow_control) for client in clients
+        ]
+        try:
+            for subscriber in subscribers:
+                await subscriber.__aenter__()
+            ready()
+            await receiver.done.wait()
+            last_ack_ns = await wait_until_all_acked(watcher)
+        finally:
+            for subscriber in subscribers:
+                await subscriber.__aexit__(None, None, None)
+            for client in clients:
+                await client.aclose()
+            await watcher.aclose()
+        return receiver.result(last_ack_ns)
+
+
+class StreamsubOrdered(StreamsubKeyed):
+    """``streamsub-4sub`` on an ordered subscription: each partition owned by one
+    of the four subscribers, a key's messages one at a time in publish order.
+    Its ratio to ``streamsub-4sub`` is what ordering costs."""
+
+    name = "streamsub-ordered"
+    ordered = True
