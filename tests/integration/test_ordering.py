@@ -334,3 +334,34 @@ async def test_a_new_owner_takes_a_nacked_message_before_the_later_ones_of_its_k
     async with client.subscribe("billing", recorder(second), consumer="b"):
         await until(lambda: len(second) == 7, 30, "the rest of the key")
     assert second == [(3, 2)] + [(n, 1) for n in range(4, 10)]
+
+
+async def test_a_nack_comes_back_when_its_keys_later_messages_fill_the_budget(
+    client: streamsub.Client,
+) -> None:
+    """max_messages=10 and one hot key of 40: its first message is nacked while its
+    later ones fill the whole budget, waiting for it. It still comes back (the
+    reclaimer may bring one message per blocked key past the budget), and the key
+    goes on in order."""
+    await client.create_topic("orders", partitions=2)
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        enable_message_ordering=True,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.5, maximum_backoff=0.5),
+    )
+    seen: list[tuple[int, int]] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        index = int(message.data.split(b":")[1])
+        seen.append((index, message.delivery_attempt))
+        if index == 0 and message.delivery_attempt == 1:
+            await asyncio.sleep(0.5)  # the reader fills the budget meanwhile
+            raise RuntimeError("not yet")
+
+    flow = streamsub.FlowControl(max_messages=10)
+    async with client.subscribe("billing", handler, flow_control=flow) as subscriber:
+        await _publish_keys(client, "orders", ["hot"], 40)
+        await until(lambda: len(seen) == 41, 30, "every message of the hot key")
+        assert subscriber.statistics().flow.outstanding_messages <= 11
+    assert seen == [(0, 1), (0, 2)] + [(n, 1) for n in range(1, 40)]

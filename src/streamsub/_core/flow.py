@@ -118,21 +118,26 @@ class FlowController(Generic[T]):
         """Nothing outstanding and nothing reserved."""
         return self._outstanding == 0 and self._reserved == 0
 
-    def reserve(self, wanted: int, *, priority: bool = False) -> Grant:
+    def reserve(self, wanted: int, *, priority: bool = False, overdraft: int = 0) -> Grant:
         """Set aside up to ``wanted`` messages (and their bytes at the estimate) for a
         read or reclaim about to be sent. Returns ``Grant(0, 0)`` when nothing fits.
 
         While a ``priority`` caller (the reclaimer) waits, others are refused.
+        ``overdraft`` lets it hold up to that many messages beyond ``max_messages``
+        (paused or not, whatever their bytes): on an ordered subscription, one
+        per key blocked on a nacked message, so that the message can come back
+        even when the key's later messages fill the budget.
         """
         if self._priority and not priority:
             return NO_GRANT
         free = self._max_messages - self._outstanding - self._reserved
         free_bytes = self._max_bytes - self._outstanding_bytes - self._reserved_bytes
-        if self._paused:
-            if self.load() >= RESUME_THRESHOLD:
-                return NO_GRANT
+        count = 0
+        if not self._paused or self.load() < RESUME_THRESHOLD:
             self._paused = False
-        count = min(wanted, free, free_bytes // self._estimate)
+            count = min(wanted, free, free_bytes // self._estimate)
+        if count <= 0 and overdraft > 0:
+            count = min(wanted, free + overdraft)
         if count <= 0:
             if not (wanted > 0 and self.idle):
                 return NO_GRANT

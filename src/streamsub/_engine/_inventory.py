@@ -83,7 +83,10 @@ class Inventory:
         """Reserve budget for a read of up to ``wanted`` messages, waiting for room."""
         while True:
             self._room.clear()
-            grant = self.flow.reserve(wanted, priority=priority)
+            # A key blocked on a nacked message waits for it: the reclaimer may
+            # bring one per blocked key past the budget its later messages fill.
+            overdraft = len(self.blocking) if priority else 0
+            grant = self.flow.reserve(wanted, priority=priority, overdraft=overdraft)
             if grant.messages:
                 return grant
             if priority:
