@@ -174,14 +174,15 @@ async def test_a_nacked_message_holds_back_its_key_while_other_keys_flow(
     assert last_other < again, "other keys waited for the slow key"
 
 
-@pytest.mark.parametrize("fate", ["acked elsewhere", "taken by another subscriber"])
+@pytest.mark.parametrize("fate", ["acked elsewhere", "handled by another subscriber"])
 async def test_a_blocked_key_moves_on_when_its_nacked_message_is_settled_elsewhere(
     client: streamsub.Client, redis_client: redis.Redis, fate: str
 ) -> None:
-    """A nacked message blocks its key here until it comes back. If another
-    subscriber takes it (or acknowledges it) instead, this subscriber sees so on
-    its next sweep and hands the key's later messages out, rather than holding
-    them until their leases run out."""
+    """A nacked message blocks its key here until it comes back. If it is
+    acknowledged elsewhere instead, this subscriber sees so on its next sweep and
+    hands the key's later messages out rather than holding them until their
+    leases run out; while another subscriber holds it (handling it), the key
+    waits, so that no later message runs beside it."""
     await client.create_topic("orders", partitions=2)
     await client.create_subscription(
         "billing",
@@ -207,13 +208,17 @@ async def test_a_blocked_key_moves_on_when_its_nacked_message_is_settled_elsewhe
         await until(lambda: len(nacked) == 3 and len(handled) == 9, 30, "the nacks")
         await asyncio.sleep(1.0)  # a sweep or two: nothing later of a blocked key runs
         assert sorted(handled) == [(key, n) for key in keys for n in range(3)]
+        where = []
         for message_id in nacked:
             partition, entry_id = message_id.split("-", 1)
-            stream = f"ss:{{orders.{partition}}}"
-            if fate == "acked elsewhere":
-                redis_client.xack(stream, "billing", entry_id)
-            else:
+            where.append((f"ss:{{orders.{partition}}}", entry_id))
+        if fate == "handled by another subscriber":
+            for stream, entry_id in where:
                 redis_client.xclaim(stream, "billing", "another-subscriber", 0, [entry_id])
+            await asyncio.sleep(1.5)  # three sweeps: the keys wait while it is handled
+            assert len(handled) == 9
+        for stream, entry_id in where:
+            redis_client.xack(stream, "billing", entry_id)
         await until(lambda: len(handled) == 30, 15, "the blocked keys to move on")
     for key in keys:
         assert [n for k, n in handled if k == key] == list(range(10))
@@ -365,3 +370,91 @@ async def test_a_nack_comes_back_when_its_keys_later_messages_fill_the_budget(
         await until(lambda: len(seen) == 41, 30, "every message of the hot key")
         assert subscriber.statistics().flow.outstanding_messages <= 11
     assert seen == [(0, 1), (0, 2)] + [(n, 1) for n in range(1, 40)]
+
+
+@pytest.fixture
+def short_ownership_lease(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A 2 s partition lease, so that a lapse shows within a test."""
+    from streamsub._engine import ownership
+
+    monkeypatch.setattr(ownership, "OWNERSHIP_LEASE", 2.0)
+    return 2.0
+
+
+async def test_a_stopping_owner_keeps_its_partitions_until_its_handlers_finish(
+    client: streamsub.Client, server: RedisServer, short_ownership_lease: float
+) -> None:
+    """A subscriber stops while a handler of key k runs twice the partition lease:
+    it keeps renewing until that handler is done and acked, so the subscriber
+    that takes over starts at k's next message and never runs k's beside it."""
+    await client.create_topic("orders", partitions=2)
+    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    events: list[tuple[str, str, int]] = []
+
+    def recorder(name: str, slow: float) -> Callable[[streamsub.Message], Any]:
+        async def handle(message: streamsub.Message) -> None:
+            index = int(message.data.split(b":")[1])
+            events.append(("start", name, index))
+            if index == 0:
+                await asyncio.sleep(slow)
+            events.append(("end", name, index))
+
+        return handle
+
+    other = streamsub.connect(server.url)
+    try:
+        first = client.subscribe("billing", recorder("a", 2 * short_ownership_lease), consumer="a")
+        async with first:
+            await _publish_keys(client, "orders", ["k"], 5)
+            await until(lambda: ("start", "a", 0) in events, 15, "the slow handler")
+            async with other.subscribe("billing", recorder("b", 0), consumer="b"):
+                await first.stop()
+                await until(lambda: len([e for e in events if e[0] == "end"]) == 5, 30, "all")
+    finally:
+        await other.aclose()
+    assert events[:2] == [("start", "a", 0), ("end", "a", 0)]
+    assert [index for kind, _, index in events if kind == "start"] == list(range(5))
+
+
+async def test_a_nack_during_a_hand_over_comes_back_and_the_partition_moves(
+    client: streamsub.Client, server: RedisServer, short_ownership_lease: float
+) -> None:
+    """While a subscriber hands a partition over to one that joined, the running
+    message of a key there is nacked: it still comes back to this subscriber
+    (which keeps sweeping the partition), the key's later messages follow in
+    order, and then the partition moves."""
+    await client.create_topic("orders", partitions=1)
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        enable_message_ordering=True,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.5, maximum_backoff=0.5),
+    )
+    seen: list[tuple[int, int, str]] = []
+
+    def recorder(name: str) -> Callable[[streamsub.Message], Any]:
+        async def handle(message: streamsub.Message) -> None:
+            index = int(message.data.split(b":")[1])
+            seen.append((index, message.delivery_attempt, name))
+            if index == 0 and message.delivery_attempt == 1:
+                await asyncio.sleep(2.0)  # the newcomer joins meanwhile
+                raise RuntimeError("not yet")
+
+        return handle
+
+    other = streamsub.connect(server.url)
+    try:
+        async with client.subscribe("billing", recorder("a"), consumer="a") as first:
+            await _publish_keys(client, "orders", ["k"], 10)
+            await until(lambda: bool(seen), 15, "the first message")
+            # "0" sorts before "a": the newcomer is the partition's rightful owner.
+            async with other.subscribe("billing", recorder("0"), consumer="0") as second:
+                await until(lambda: len(seen) == 11, 30, "every message")
+                await until(lambda: second.statistics().partitions == (0,), 30, "the move")
+                assert first.statistics().partitions == ()
+    finally:
+        await other.aclose()
+    assert [(index, attempt) for index, attempt, _ in seen] == [(0, 1), (0, 2)] + [
+        (n, 1) for n in range(1, 10)
+    ]
+    assert {name for _, _, name in seen} == {"a"}

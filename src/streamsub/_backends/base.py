@@ -324,10 +324,12 @@ class Backend(Protocol):
         *,
         release: Sequence[int] = (),
         leave: bool = False,
+        take: bool = True,
     ) -> Ownership:
         """Heartbeat of ``member`` of ordered subscription ``group``: extend its
         membership and the partitions it owns, take those that are its by right
-        and free, release ``release`` (all, and the membership, when ``leave``)."""
+        and free (unless not ``take``), release ``release`` (all, and the
+        membership, when ``leave``)."""
         ...
 
     async def partition_owners(self, group: str) -> dict[int, tuple[str, int]]:

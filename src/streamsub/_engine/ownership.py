@@ -42,19 +42,28 @@ _BUSY_INTERVAL = 0.5
 
 
 class Assignment:
-    """The partitions this subscriber reads and sweeps now."""
+    """The partitions this subscriber reads, and those it sweeps, now."""
 
     def __init__(self, partitions: Iterable[int]) -> None:
         self._partitions = sorted(partitions)
+        self._swept = list(self._partitions)
         self._changed = asyncio.Event()
         self._closed = False
 
     @property
     def partitions(self) -> list[int]:
+        """Read for new entries."""
         return self._partitions
 
-    def set(self, partitions: Iterable[int]) -> None:
+    @property
+    def swept(self) -> list[int]:
+        """Swept for idle and due entries: also those being handed over, whose nacked
+        messages must come back here while their later ones wait."""
+        return self._swept
+
+    def set(self, partitions: Iterable[int], swept: Iterable[int] | None = None) -> None:
         self._partitions = sorted(partitions)
+        self._swept = sorted(swept) if swept is not None else list(self._partitions)
         self._changed.set()
 
     def close(self) -> None:
@@ -101,9 +110,18 @@ class PartitionOwner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._stopping = False
+        self._frozen = False
+
+    def freeze(self) -> None:
+        """The subscriber stops: keep renewing what it owns while its handlers
+        finish (so nothing moves under them), take nothing new; :meth:`leave`
+        follows."""
+        self._frozen = True
+        for task in self._tasks:
+            task.cancel()
 
     def stop(self) -> None:
-        """Renew no more (the subscriber stops; :meth:`leave` follows)."""
+        """Renew no more."""
         self._stopping = True
         self._wake.set()
         for task in self._tasks:
@@ -114,23 +132,29 @@ class PartitionOwner:
         valid_until = 0.0
         while not self._stopping:
             raise_if_cancelled()
-            release = [p for p in self._handing_back if not self._busy(p)]
+            release = [] if self._frozen else [p for p in self._handing_back if not self._busy(p)]
             started = self._clock()
             try:
-                result = await self._backend.own_partitions(
-                    self._topic,
-                    self._group,
-                    self._consumer,
-                    int(self._lease * 1000),
-                    release=release,
+                # A renewal that takes until our leases may have run out counts as
+                # failed: reading stops then, not a socket timeout later.
+                result = await asyncio.wait_for(
+                    self._backend.own_partitions(
+                        self._topic,
+                        self._group,
+                        self._consumer,
+                        int(self._lease * 1000),
+                        release=release,
+                        take=not self._frozen,
+                    ),
+                    max(self._lease / 3, valid_until - started),
                 )
             except NotFoundError:
                 raise
-            except StreamsubError as exc:
+            except (StreamsubError, TimeoutError) as exc:
                 if self._stopping:
                     return
                 if self._clock() >= valid_until:  # our leases may have run out
-                    self._assignment.set([])
+                    self._assignment.set([], swept=[])
                 await errors.wait("keeping partition ownership", exc)
                 continue
             errors.reset()
@@ -139,6 +163,15 @@ class PartitionOwner:
             valid_until = started + self._lease * 2 / 3
             if release:
                 log.info("streamsub: handed partitions %s of %r over", sorted(release), self._group)
+            lost = set(self.owned) - set(result.owned) - set(release)
+            if lost:
+                log.warning(
+                    "streamsub: subscriber %r lost partitions %s of %r (it did not renew "
+                    "its lease in time); it stops reading them",
+                    self._consumer,
+                    sorted(lost),
+                    self._group,
+                )
             self._handing_back = (self._handing_back - set(release)) | set(result.hand_back)
             new = [p for p in result.owned if p not in self.owned and p not in self._taking]
             self.owned = dict(result.owned)
@@ -179,7 +212,8 @@ class PartitionOwner:
         self._assign()
 
     def _assign(self) -> None:
-        self._assignment.set(set(self.owned) - self._handing_back - self._taking)
+        owned = set(self.owned) - self._taking
+        self._assignment.set(owned - self._handing_back, swept=owned)
 
     async def leave(self) -> None:
         """Release every partition and the membership (acks are sent by now)."""

@@ -44,6 +44,7 @@ from ._retrying import supervise
 from .dispatcher import DEFAULT_HANDLER_THREADS, Dispatcher, Handler
 from .intake import Intake
 from .leaser import Leaser
+from . import ownership
 from .ownership import Assignment, PartitionOwner
 from .reader import READ_BLOCK_MS, Reader
 from .reclaimer import Reclaimer
@@ -209,6 +210,7 @@ class Receiver:
                 busy=self._busy,
                 take_over=self._reclaimer.take_over,
                 clock=clock,
+                lease=ownership.OWNERSHIP_LEASE,
             )
         self._own_task: asyncio.Task[None] | None = None
         self._read_tasks: list[asyncio.Task[None]] = []
@@ -276,7 +278,7 @@ class Receiver:
             reader.stop()
         self._reclaimer.stop()
         if self._owner is not None:
-            self._owner.stop()
+            self._owner.freeze()  # renewed until the handlers are done and acks sent
         self._assignment.close()
         parts = [*self._read_tasks, *([self._reclaim_task] if self._reclaim_task else [])]
         busy = [r.reading for r in self._readers] + [self._reclaimer.at_server]
@@ -338,6 +340,7 @@ class Receiver:
     async def _leave(self, bound: float) -> None:
         """Hand the partitions over at once (else they move when the lease ends)."""
         assert self._owner is not None
+        self._owner.stop()
         if self._own_task is not None:
             self._own_task.cancel()
             await asyncio.gather(self._own_task, return_exceptions=True)
@@ -357,7 +360,7 @@ class Receiver:
         return (
             self._inventory.holds(partition)
             or any(partition in reader.partitions_read for reader in self._readers)
-            or partition in self._reclaimer.partitions_swept
+            or self._reclaimer.sweeping(partition)
         )
 
     def statistics(self) -> ReceiverStatistics:

@@ -12,12 +12,13 @@ group's consumers that are idle and hold nothing.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from .. import metrics
-from .._backends.base import PARKED_CONSUMER, Backend, Reclaimed, TopicRecord
+from .._backends.base import Backend, Reclaimed, TopicRecord
 from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Counters, Inventory
@@ -72,8 +73,8 @@ class Reclaimer:
         self._assignment = assignment
         self.at_server = False
         """True while a reclaim call is at the server (stop lets it finish)."""
-        self.partitions_swept: frozenset[int] = frozenset()
-        """The partitions of the sweep under way."""
+        self._sweeping: collections.Counter[int] = collections.Counter()
+        """Partitions of the sweeps under way (a periodic one and take-overs)."""
 
     def wake_in(self, seconds: float) -> None:
         """Sweep ``seconds`` from now (a nack is due then), unless sooner already."""
@@ -126,7 +127,7 @@ class Reclaimer:
     async def sweep(self) -> None:
         """One pass over the idle pending entries of the partitions this subscriber
         reads."""
-        await self._pass(self._assignment.partitions, self._min_idle_ms, take_parked=False)
+        await self._pass(self._assignment.swept, self._min_idle_ms, take_parked=False)
 
     async def take_over(self, partitions: list[int]) -> None:
         """Take every entry still pending in ``partitions`` (newly owned), idle or
@@ -135,11 +136,15 @@ class Reclaimer:
         await self._pass(partitions, 0, take_parked=True)
 
     async def _pass(self, partitions: list[int], min_idle_ms: int, *, take_parked: bool) -> None:
+        self._sweeping.update(partitions)
         try:
-            self.partitions_swept = frozenset(partitions)
             await self._sweep(partitions, min_idle_ms, take_parked)
         finally:
-            self.partitions_swept = frozenset()
+            self._sweeping.subtract(partitions)
+
+    def sweeping(self, partition: int) -> bool:
+        """Whether a sweep of ``partition`` is under way."""
+        return self._sweeping[partition] > 0
 
     async def _sweep(self, partitions: list[int], min_idle_ms: int, take_parked: bool) -> None:
         max_attempts = self._max_attempts
@@ -206,8 +211,8 @@ class Reclaimer:
 
     async def _check_blocking(self) -> None:
         """Ordered subscriptions: a key blocked on a nacked entry waits for that entry
-        to come back here. Another subscriber may take it instead, or it may be
-        acknowledged or trimmed meanwhile; then the key moves on."""
+        to come back here. If it is acknowledged elsewhere or trimmed meanwhile
+        (pending nowhere), the key moves on."""
         inventory = self._inventory
         ids: dict[int, list[str]] = {}
         for partition, entry_id in inventory.blocking:
@@ -217,7 +222,10 @@ class Reclaimer:
             return
         owners = await self._backend.pending_owners(self._topic, self._group, ids)
         for (partition, entry_id), owner in owners.items():
-            if owner not in (self._consumer, PARKED_CONSUMER):
+            # Pending under another consumer, it is being handled there (or will
+            # come back here once idle): the key waits, so that no later message
+            # of it runs beside it.
+            if owner is None:
                 inventory.unblock(partition, entry_id)
 
     async def _delete_idle_consumers(self) -> None:

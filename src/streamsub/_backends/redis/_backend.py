@@ -835,9 +835,16 @@ class RedisBackend:
         *,
         release: Sequence[int] = (),
         leave: bool = False,
+        take: bool = True,
     ) -> Ownership:
         keys = [_keys.members_key(group), _keys.owners_key(group)]
-        args: list[str | int] = [member, lease_ms, topic.partitions, "1" if leave else "0"]
+        args: list[str | int] = [
+            member,
+            lease_ms,
+            topic.partitions,
+            "1" if leave else "0",
+            "1" if take else "0",
+        ]
         args.extend(release)
         with self._errors():
             owned, give, members, waiting = await self._evalsha(self._own, keys, args)

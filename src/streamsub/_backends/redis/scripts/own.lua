@@ -14,8 +14,9 @@
 --
 -- KEYS[1]: members, KEYS[2]: owners.
 -- ARGV[1]: member, ARGV[2]: lease (ms), ARGV[3]: partitions, ARGV[4]: "1" to
--- leave (release everything, stop being a member), ARGV[5..]: partitions to
--- release.
+-- leave (release everything, stop being a member), ARGV[5]: "1" to take free
+-- partitions that are the member's by right ("0" while it stops: it keeps and
+-- renews what it owns, takes nothing new), ARGV[6..]: partitions to release.
 -- Returns {{p, token, ...} owned, {p, ...} to hand back, members, waiting}:
 -- "waiting" counts the partitions that are this member's by right but still
 -- held by another live owner.
@@ -23,9 +24,9 @@ redis.replicate_commands()
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local me, lease, count = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local leaving = ARGV[4] == '1'
+local leaving, taking = ARGV[4] == '1', ARGV[5] == '1'
 local release = {}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   release[tonumber(ARGV[i])] = true
 end
 
@@ -62,7 +63,7 @@ for p = 0, count - 1 do
       end
     end
   elseif rightful == me and not leaving then
-    if owner == nil or expiry < now then
+    if (owner == nil or expiry < now) and taking then
       local new = redis.call('HINCRBY', KEYS[2], 't' .. p, 1)
       redis.call('HSET', KEYS[2], p, me .. ' ' .. new .. ' ' .. (now + lease))
       owned[#owned + 1] = p
@@ -72,6 +73,7 @@ for p = 0, count - 1 do
     end
   end
 end
+-- The owners hash stays (its token counters must only grow); deleting the
+-- subscription deletes it.
 redis.call('PEXPIRE', KEYS[1], lease * 10)
-redis.call('PEXPIRE', KEYS[2], lease * 10)
 return {owned, give, #members, waiting}
