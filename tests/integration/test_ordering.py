@@ -458,3 +458,32 @@ async def test_a_nack_during_a_hand_over_comes_back_and_the_partition_moves(
         (n, 1) for n in range(1, 10)
     ]
     assert {name for _, _, name in seen} == {"a"}
+
+
+async def test_a_seek_while_a_keys_message_runs_does_not_stall_the_key(
+    client: streamsub.Client,
+) -> None:
+    """Seeking back while a key's message runs delivers it again: the new delivery
+    runs (the old one is no longer settled), and the key's later messages follow
+    in order rather than waiting for ever."""
+    await client.create_topic("orders", partitions=1)
+    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    release = asyncio.Event()
+    seen: list[tuple[int, int]] = []
+
+    async def handler(message: streamsub.Message) -> None:
+        index = int(message.data.split(b":")[1])
+        seen.append((index, message.delivery_attempt))
+        if len(seen) == 1:
+            await release.wait()
+
+    async with client.subscribe("billing", handler):
+        await _publish_keys(client, "orders", ["k"], 5)
+        await until(lambda: bool(seen), 15, "the first message")
+        await client.seek("billing", to="earliest")
+        await until(lambda: len(seen) >= 2, 15, "the redelivery")
+        release.set()
+        await until(lambda: len({index for index, _ in seen}) == 5, 15, "the rest of the key")
+    firsts = [index for index, _ in seen]
+    assert firsts[:2] == [0, 0]
+    assert firsts[2:] == [1, 2, 3, 4]

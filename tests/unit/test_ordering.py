@@ -124,3 +124,15 @@ def test_many_keys_random_arrival_and_nacks_keep_each_key_in_order() -> None:
             running.extend(order.done(key, (n, 0), settled=True))
     assert first_runs == {f"k{k}": list(range(20)) for k in range(200)}
     assert order.waiting == 0
+
+
+def test_a_redelivery_of_the_running_message_takes_its_turn() -> None:
+    """A seek delivers the running message again while its handler runs: the old
+    delivery gives the key up (blocked on that entry), so the new one runs and
+    the key's later messages follow it."""
+    order: KeyOrder[str] = KeyOrder()
+    assert order.offer("k", (1, 0), "first")
+    assert not order.offer("k", (2, 0), "second")
+    order.done("k", (1, 0), settled=False)  # the replaced delivery
+    assert order.offer("k", (1, 0), "first again")
+    assert order.done("k", (1, 0), settled=True) == ["second"]

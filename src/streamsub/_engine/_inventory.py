@@ -113,6 +113,10 @@ class Inventory:
                 self.leases.remove(key)
                 self.flow.finished(old._size, started=old._started)
                 self._forget_order(old)
+                if self.order is not None and old.ordering_key and old._started:
+                    # Its handler may still run, but the new delivery is the one to
+                    # settle: the key waits for it, and it runs now.
+                    self.order.done(old.ordering_key, position(old._entry_id), settled=False)
             held[key] = message
             keys.append(key)
         self.leases.add_many(keys, self._clock())

@@ -39,12 +39,12 @@ from .._core.flow import FlowStatistics, Grant
 from .._errors import NotFoundError, StreamsubError
 from .._message import Message
 from .._settings import FlowControl, RetryPolicy
+from . import ownership
 from ._inventory import Counters, Inventory
 from ._retrying import supervise
 from .dispatcher import DEFAULT_HANDLER_THREADS, Dispatcher, Handler
 from .intake import Intake
 from .leaser import Leaser
-from . import ownership
 from .ownership import Assignment, PartitionOwner
 from .reader import READ_BLOCK_MS, Reader
 from .reclaimer import Reclaimer
