@@ -10,6 +10,7 @@ leaving a caller waiting on a loop that has stopped.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import itertools
@@ -18,9 +19,11 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
+from ._core.publish_flow import PublishBudget
 from ._errors import ClosedError, FailedPreconditionError
+from ._settings import LimitExceededBehavior, PublishFlowControl
 
-__all__ = ["LoopThread"]
+__all__ = ["LoopThread", "PublishRoom"]
 
 log = logging.getLogger("streamsub")
 
@@ -152,3 +155,61 @@ def _cancel_all_tasks(loop: asyncio.AbstractEventLoop) -> None:
                 "streamsub: a task ended with an error as the blocking client closed: %r",
                 task.exception(),
             )
+
+
+class PublishRoom:
+    """A client's ``PublishFlowControl`` as its calling threads see it, for ``BLOCK``.
+
+    The async client's gate waits on the event loop, which the blocking
+    ``publish`` never waits for: without this, a thread publishing in a loop
+    would queue work without end. Here the calling thread itself waits, in call
+    order, until its call fits the same :class:`PublishBudget`; the call's share
+    is given back once its future is done. A call larger than a whole limit goes
+    once nothing else is outstanding, as on the async side.
+    """
+
+    def __init__(self, settings: PublishFlowControl) -> None:
+        self._budget = PublishBudget(settings)
+        self._blocks = settings.limit_exceeded_behavior is LimitExceededBehavior.BLOCK
+        self._condition = threading.Condition()
+        self._line: collections.deque[object] = collections.deque()
+
+    @property
+    def outstanding(self) -> tuple[int, int]:
+        """Messages and bytes of calls entered whose future is not yet done."""
+        with self._condition:
+            return self._budget.messages, self._budget.bytes
+
+    def enter(self, messages: int, size: int) -> bool:
+        """Under ``BLOCK``, wait until a call of ``messages`` and ``size`` bytes fits,
+        count it and return True (hand its future to :meth:`leave_when_done`).
+        Otherwise return False at once: ``ERROR`` and ``IGNORE`` are the gate's."""
+        if not self._blocks:
+            return False
+        budget = self._budget
+        with self._condition:
+            if not self._line and budget.fits(messages, size):
+                budget.take(messages, size)
+                return True
+            ticket = object()
+            self._line.append(ticket)
+            try:
+                while self._line[0] is not ticket or not budget.fits(messages, size):
+                    self._condition.wait()
+                budget.take(messages, size)
+            finally:  # admitted, or interrupted (KeyboardInterrupt): make way
+                self._line.remove(ticket)
+                self._condition.notify_all()
+            return True
+
+    def leave(self, messages: int, size: int) -> None:
+        """Give a call's share back and wake the threads waiting for room."""
+        with self._condition:
+            self._budget.release(messages, size)
+            self._condition.notify_all()
+
+    def leave_when_done(
+        self, future: concurrent.futures.Future[Any], messages: int, size: int
+    ) -> None:
+        """Give a call's share back once ``future`` is done (stored, failed or cancelled)."""
+        future.add_done_callback(lambda _: self.leave(messages, size))

@@ -49,7 +49,7 @@ from typing import Self
 
 from . import _client
 from ._backends.base import Backend
-from ._blocking_loop import LoopThread
+from ._blocking_loop import LoopThread, PublishRoom
 from ._client import (
     DEFAULT_CONSUMER_EXPIRY,
     DEFAULT_SHUTDOWN_TIMEOUT,
@@ -59,6 +59,7 @@ from ._client import (
     SubscriptionStats,
     Topic,
 )
+from ._core.codec import size_of
 from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot
 from ._core.stats import Stats
@@ -204,7 +205,8 @@ class Client:
 
     Every method may be called from any thread. The admin methods block until
     done and return or raise exactly what the async client's do; ``publish``
-    and ``publish_many`` return a :class:`concurrent.futures.Future` at once;
+    and ``publish_many`` return a :class:`concurrent.futures.Future` (at once,
+    or once ``PublishFlowControl`` has room under ``BLOCK``);
     ``subscribe`` returns a :class:`StreamingPullFuture`. After :meth:`close`
     every method raises :class:`~streamsub.ClosedError`.
     """
@@ -224,6 +226,7 @@ class Client:
     ) -> None:
         """Start the loop thread and connect on it (see :func:`connect`)."""
         self._loop = LoopThread("the streamsub.blocking client")
+        self._room = PublishRoom(publish_flow_control or PublishFlowControl())
         self._subscribers: set[StreamingPullFuture] = set()
         self._watchers: set[asyncio.Task[None]] = set()
 
@@ -312,12 +315,31 @@ class Client:
         ``publish`` raises: bad input, :class:`~streamsub.TopicNotFoundError`,
         or a :class:`~streamsub.BackendError` (the message may or may not be
         stored).
+
+        Under the client's ``PublishFlowControl`` with ``BLOCK`` (the default),
+        this blocks the calling thread, before returning, until the call fits
+        the limits (messages and bytes whose futures are not yet done), as
+        Pub/Sub's does; a call larger than a whole limit goes once nothing else
+        is outstanding. With ``ERROR`` the future raises
+        :class:`~streamsub.FlowControlLimitError`, as the async ``publish``
+        does; with ``IGNORE`` it never waits.
         """
+        self._loop.check_caller()  # before waiting for room that would never come
         if isinstance(attributes, Mapping):
             attributes = dict(attributes)  # the caller may change theirs once we return
-        return self._loop.submit(
-            self._client.publish, topic, data, ordering_key=ordering_key, attributes=attributes
-        )
+        size = size_of(data, ordering_key, attributes)
+        entered = self._room.enter(1, size)
+        try:
+            future = self._loop.submit(
+                self._client.publish, topic, data, ordering_key=ordering_key, attributes=attributes
+            )
+        except BaseException:
+            if entered:
+                self._room.leave(1, size)
+            raise
+        if entered:
+            self._room.leave_when_done(future, 1, size)
+        return future
 
     def resume_publish(self, topic: str, ordering_key: str) -> None:
         """Let publishes to ``topic`` with ``ordering_key`` go again after a failed
@@ -332,8 +354,26 @@ class Client:
     ) -> concurrent.futures.Future[list[str]]:
         """Publish many messages (``OutgoingMessage`` or plain bytes); return at once a
         future of their ids, in order. Every message is checked before any is
-        written."""
-        return self._loop.submit(self._client.publish_many, topic, list(messages))
+        written. Waits for room for the whole call as :meth:`publish` does."""
+        self._loop.check_caller()
+        messages = list(messages)
+        size = sum(
+            size_of(m.data, m.ordering_key, m.attributes)
+            if isinstance(m, OutgoingMessage)
+            else size_of(m)
+            for m in messages
+        )
+        count = len(messages)
+        entered = bool(count) and self._room.enter(count, size)
+        try:
+            future = self._loop.submit(self._client.publish_many, topic, messages)
+        except BaseException:
+            if entered:
+                self._room.leave(count, size)
+            raise
+        if entered:
+            self._room.leave_when_done(future, count, size)
+        return future
 
     # --- subscribing -----------------------------------------------------------
     def subscribe(

@@ -428,3 +428,40 @@ def test_resume_publish_is_the_async_clients(blocking: streamsub.blocking.Client
         blocking.resume_publish("orders", "")
     blocking.resume_publish("orders", "customer-7")
     assert blocking.publish("orders", b"a", ordering_key="customer-7").result(10)
+
+
+def test_block_publish_blocks_the_calling_thread_at_the_flow_control_limit(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With PublishFlowControl(message_limit=50) (BLOCK) and the server's writes paused
+    for 1.5 s, a thread publishing 500 messages never has more than 50 futures
+    unresolved: its 51st publish call blocks until the server writes again, and
+    then every message is stored, in call order."""
+    redis_client.flushall()
+    flow = streamsub.PublishFlowControl(message_limit=50)
+    with streamsub.blocking.connect(server.url, publish_flow_control=flow) as client:
+        client.create_topic("bounded", partitions=2)
+        futures: list[concurrent.futures.Future[str]] = []
+        returned: list[float] = []
+
+        def publisher() -> None:
+            for i in range(500):
+                futures.append(client.publish("bounded", f"m-{i}".encode(), ordering_key="k"))
+                returned.append(time.monotonic())
+
+        redis_client.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+        paused_at = time.monotonic()
+        thread = threading.Thread(target=publisher)
+        thread.start()
+        peak = 0
+        while thread.is_alive():
+            peak = max(peak, sum(not future.done() for future in list(futures)))
+            time.sleep(0.001)
+        thread.join()
+        ids = [future.result(timeout=10) for future in futures]
+    assert peak <= 50, f"{peak} publishes outstanding, over the limit of 50"
+    assert returned[49] - paused_at < 1.0, "the first 50 publishes did not return at once"
+    assert returned[50] - paused_at > 1.0, "a publish returned while the server was paused"
+    entries = stored(redis_client, "bounded", 2)
+    assert [data for _, data, _ in entries] == [f"m-{i}".encode() for i in range(500)]
+    assert sorted(ids) == sorted(entry_id for entry_id, _, _ in entries)

@@ -131,3 +131,50 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
     finally:
         admin.config_set("maxmemory", 0)
         admin.close()
+
+
+async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
+    oom_server: RedisServer,
+) -> None:
+    """With PublishFlowControl full (BLOCK), a publish of key k waiting for room fails
+    with OrderingKeyPausedError as soon as an earlier publish of k fails, without
+    reaching Redis: after resume_publish and publishing the failed message again,
+    k's stream holds only the message published again, not the waiting one first."""
+    admin = redis.Redis.from_url(oom_server.url)
+    # Batches wait 0.2 s to fill: a window in which the test reacts to the failure.
+    batch = streamsub.BatchSettings(max_latency=0.2)
+    flow = streamsub.PublishFlowControl(message_limit=2)
+    try:
+        async with streamsub.connect(
+            oom_server.url, batch_settings=batch, publish_flow_control=flow
+        ) as client:
+            await client.create_topic("gated", partitions=1)
+            await client.publish("gated", b"warm-up")  # the topic's publisher exists
+
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+            first = asyncio.create_task(client.publish("gated", b"k-1", ordering_key="k"))
+            # Two keyless messages: they do not fit beside k-1, so they wait at the
+            # head of the line and hold k-2 behind them after k-1 fails.
+            others = asyncio.create_task(client.publish_many("gated", [b"other-1", b"other-2"]))
+            second = asyncio.create_task(client.publish("gated", b"k-2", ordering_key="k"))
+            async with asyncio.timeout(5):
+                with pytest.raises(streamsub.ResourceExhaustedError):
+                    await first
+            await asyncio.sleep(0.01)
+            assert second.done(), "a call of the paused key still waits for room"
+            with pytest.raises(streamsub.OrderingKeyPausedError) as info:
+                second.result()
+            assert (info.value.topic, info.value.ordering_key) == ("gated", "k")
+
+            admin.config_set("maxmemory", 0)
+            client.resume_publish("gated", "k")
+            async with asyncio.timeout(5):
+                await client.publish("gated", b"k-1-again", ordering_key="k")
+                await others
+        stored = _stored(admin, "gated", 1)
+        assert stored["k"] == [b"k-1-again"]
+        assert stored[""] == [b"warm-up", b"other-1", b"other-2"]
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()

@@ -15,6 +15,7 @@ from streamsub._core.codec import (
     UndecodableEntry,
     decode,
     encode,
+    size_of,
 )
 from streamsub._errors import (
     InvalidArgumentError,
@@ -332,3 +333,20 @@ def test_decode_of_non_utf8_key_or_attribute_is_undecodable(fields: list[bytes])
 def test_undecodable_entry_is_not_a_streamsub_error() -> None:
     """UndecodableEntry is an outcome for the engine, not an error raised to users."""
     assert not issubclass(UndecodableEntry, StreamsubError)
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "attributes"),
+    [
+        (b"plain", None, None),
+        (bytearray(b"\x00" * 300), "customer-\u00e9", None),
+        (memoryview(b"abcdef")[1:4], "k", {"name": "v\u00e9", "second": ""}),
+        (b"", "k", {}),
+    ],
+)
+def test_size_of_counts_what_encode_counts(
+    data: object, key: str | None, attributes: object
+) -> None:
+    """size_of, which the blocking client's flow control uses before encoding, gives
+    the size encode counts for the same message."""
+    assert size_of(data, key, attributes) == encode(data, key, attributes, max_bytes=2**20).size

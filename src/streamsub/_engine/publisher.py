@@ -35,7 +35,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from .._backends.base import Backend, TopicRecord
@@ -64,14 +64,17 @@ _KEY_CACHE_SIZE = 65536
 
 
 class _Entry:
-    """A publish call waiting in the gate's line."""
+    """A publish call waiting in the gate's line: its share, and the topic and
+    ordering keys that a failed publish may pause under it."""
 
-    __slots__ = ("future", "messages", "size")
+    __slots__ = ("future", "keys", "messages", "size", "topic")
 
-    def __init__(self, messages: int, size: int) -> None:
+    def __init__(self, messages: int, size: int, topic: str | None, keys: list[str]) -> None:
         self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.messages = messages
         self.size = size
+        self.topic = topic
+        self.keys = keys
 
 
 class PublishGate:
@@ -91,9 +94,21 @@ class PublishGate:
         """Publish calls waiting for room (``BLOCK``)."""
         return len(self._line)
 
-    async def acquire(self, messages: int, size: int) -> None:
+    async def acquire(
+        self,
+        messages: int,
+        size: int,
+        *,
+        topic: str | None = None,
+        keys: Iterable[str | None] = (),
+    ) -> None:
         """Count a call of ``messages`` and ``size`` bytes as outstanding: at once if
-        it fits and nobody waits, else as its behaviour says."""
+        it fits and nobody waits, else as its behaviour says.
+
+        A call that waits may fail with :class:`OrderingKeyPausedError` when one of
+        its ordering ``keys`` is paused on ``topic`` meanwhile (see
+        :meth:`fail_paused`); it then takes nothing.
+        """
         budget = self._budget
         behavior = budget.settings.limit_exceeded_behavior
         if behavior is LimitExceededBehavior.ERROR:
@@ -105,19 +120,22 @@ class PublishGate:
                     "earlier publishes complete, or raise the limit"
                 )
         elif self._line or not budget.fits(messages, size):
-            await self._wait(messages, size)
+            await self._wait(messages, size, topic, keys)
             return
         budget.take(messages, size)
 
-    async def _wait(self, messages: int, size: int) -> None:
-        entry = _Entry(messages, size)
+    async def _wait(
+        self, messages: int, size: int, topic: str | None, keys: Iterable[str | None]
+    ) -> None:
+        entry = _Entry(messages, size, topic, [key for key in keys if key is not None])
         self._line.append(entry)
         try:
             await entry.future
-        except BaseException:  # cancelled: make way for the next one
+        except BaseException:  # cancelled or failed: make way for the next one
             with contextlib.suppress(ValueError):
                 self._line.remove(entry)
-            if entry.future.done() and not entry.future.cancelled():
+            future = entry.future
+            if future.done() and not future.cancelled() and future.exception() is None:
                 self._budget.release(messages, size)  # admitted, then cancelled
             self._let_in()
             raise
@@ -129,6 +147,29 @@ class PublishGate:
         """Messages stored or failed: give their share back and admit who fits."""
         if messages:
             self._budget.release(messages, size)
+            self._let_in()
+
+    def fail_paused(self, topic: str, paused: PausedKeys) -> None:
+        """Fail every call waiting for room with an ordering key of ``topic`` that is
+        now ``paused``, at once, with :class:`OrderingKeyPausedError`.
+
+        Left waiting, such a call would be admitted after the key's failed
+        messages are published again (``resume_publish``, then publish), and
+        its later message would be stored first. It took nothing: it leaves
+        the line, and the calls behind it may go in.
+        """
+        failed: list[_Entry] = []
+        for entry in self._line:
+            if entry.future.done() or entry.topic != topic:
+                continue  # admitted ones check for a pause as they resume
+            key = paused.first_paused(entry.keys)
+            if key is not None:
+                entry.future.set_exception(OrderingKeyPausedError(topic, key))
+                failed.append(entry)
+        if failed:
+            # Out of the line now, so that those behind them are let in at once.
+            for entry in failed:
+                self._line.remove(entry)
             self._let_in()
 
     def _let_in(self) -> None:
@@ -256,7 +297,12 @@ class TopicPublisher:
         size = sum(message.size for message in messages)
         self._entering += 1
         try:
-            await self._gate.acquire(len(messages), size)
+            await self._gate.acquire(
+                len(messages),
+                size,
+                topic=self._topic.name,
+                keys=(message.ordering_key for message in messages),
+            )
         finally:
             self._entering -= 1
             self._wake.set()  # a closing flusher waits for calls on their way in
@@ -296,8 +342,13 @@ class TopicPublisher:
             for _, token in messages:
                 token.waiter.fail(exc)
                 keys.append(token.key)
-        self._paused.pause(keys)
+        self._pause(keys)
         self._gate.release(ready.messages, ready.size)
+
+    def _pause(self, keys: list[str | None]) -> None:
+        """Pause ``keys``, and fail the calls with one of them waiting for room."""
+        if self._paused.pause(keys):
+            self._gate.fail_paused(self._topic.name, self._paused)
 
     def _drop_queued(self, exc: BaseException | None) -> None:
         """Fail the queued messages of paused keys with OrderingKeyPausedError and,
@@ -331,7 +382,7 @@ class TopicPublisher:
             if batch:
                 kept.append(_Ready(batch, count, size))
         self._ready = kept
-        self._paused.pause(failed_keys)
+        self._pause(failed_keys)
         self._queued_messages -= dropped
         self._queued_bytes -= dropped_size
         self._gate.release(dropped, dropped_size)
