@@ -79,7 +79,9 @@ class Streamsub(Implementation):
                 async with window:
                     # Stamp when the chunk is about to go, not when its task was made.
                     chunk = [
-                        streamsub.OutgoingMessage(data=stamp(seq, pad))
+                        streamsub.OutgoingMessage(
+                            data=stamp(seq, pad), ordering_key=self.ordering_key(seq)
+                        )
                         for seq in range(base, min(base + PUBLISH_CHUNK, n))
                     ]
                     await client.publish_many(TOPIC, chunk)
@@ -90,6 +92,10 @@ class Streamsub(Implementation):
             ]
             await asyncio.gather(*tasks)
             return time.perf_counter() - start
+
+    def ordering_key(self, seq: int) -> str | None:
+        """The ordering key of message ``seq``: none."""
+        return None
 
     def make_handler(self, n: int) -> tuple[Receiver, Callable[[Any], Any]]:
         """The receiver and the handler that feeds it: ``async def``, as most users write."""
@@ -172,29 +178,8 @@ class StreamsubKeyed(Streamsub):
                 enable_message_ordering=self.ordered,
             )
 
-    async def publish(self, n: int, size: int) -> float:
-        streamsub = self.lib()
-        pad = padding(size)
-        window = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
-
-        async with streamsub.connect(self.env.redis_url) as client:
-
-            async def publish_chunk(base: int) -> None:
-                async with window:
-                    chunk = [
-                        streamsub.OutgoingMessage(
-                            data=stamp(seq, pad), ordering_key=f"customer-{seq % KEYS}"
-                        )
-                        for seq in range(base, min(base + PUBLISH_CHUNK, n))
-                    ]
-                    await client.publish_many(TOPIC, chunk)
-
-            start = time.perf_counter()
-            tasks = [
-                asyncio.create_task(publish_chunk(base)) for base in range(0, n, PUBLISH_CHUNK)
-            ]
-            await asyncio.gather(*tasks)
-            return time.perf_counter() - start
+    def ordering_key(self, seq: int) -> str | None:
+        return f"customer-{seq % KEYS}"
 
     async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
         streamsub = self.lib()
