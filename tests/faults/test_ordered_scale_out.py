@@ -61,7 +61,8 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
 ) -> None:
     """50,000 messages over 200 keys, four subscriber processes on an ordered
     subscription; one is SIGKILLed a quarter of the way and a fifth joins at
-    three fifths: every message is handled, each key's first handlings are in
+    three fifths (the rest is published once it owns its share): every message
+    is handled, each key's first handlings are in
     publish order (the killed one's held messages handled again before anything
     later of their keys), and every subscriber that was alive received work."""
     with redis_server(tmp_path / "redis", binary=redis_binary) as server:
@@ -75,8 +76,8 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
             try:
                 keys = [f"key-{k}" for k in range(KEYS)]
 
-                async def publish() -> None:
-                    for base in range(0, MESSAGES // KEYS, 5):
+                async def publish(first: int, last: int) -> None:
+                    for base in range(first, last, 5):
                         await client.publish_many(
                             "ordered",
                             [
@@ -89,19 +90,31 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
                         )
                         await asyncio.sleep(0.05)
 
-                publishing = asyncio.create_task(publish())
-                handled = lambda: inspect.llen("test:handled")  # noqa: E731
-                await until(lambda: handled() >= MESSAGES // 4, 120, "a quarter handled")
-                procs["a"].send_signal(signal.SIGKILL)
-                procs["a"].wait()
-                await until(lambda: handled() >= MESSAGES * 3 // 5, 120, "three fifths handled")
-                procs["e"] = _start(server.url, "e")
-                await publishing
-
                 def distinct() -> int:
                     records = inspect.lrange("test:handled", 0, -1)
                     return len({record.rsplit(b" ", 2)[0] for record in records})
 
+                # Three fifths, with the kill a quarter of the way; then the fifth
+                # subscriber joins and, once it owns its share, the rest comes.
+                per_key = MESSAGES // KEYS
+                publishing = asyncio.create_task(publish(0, per_key * 3 // 5))
+                handled = lambda: inspect.llen("test:handled")  # noqa: E731
+                await until(lambda: handled() >= MESSAGES // 4, 120, "a quarter handled")
+                procs["a"].send_signal(signal.SIGKILL)
+                procs["a"].wait()
+                await publishing
+                await until(lambda: distinct() >= MESSAGES * 3 // 5, 120, "three fifths handled")
+                procs["e"] = _start(server.url, "e")
+
+                async def e_owns() -> bool:
+                    stats = await client.subscription_stats("ordered-sub")
+                    return "e" in {owner for owner, _ in stats.owners.values()}
+
+                deadline = asyncio.get_running_loop().time() + 60
+                while not await e_owns():
+                    assert asyncio.get_running_loop().time() < deadline, "e never got partitions"
+                    await asyncio.sleep(0.1)
+                await publish(per_key * 3 // 5, per_key)
                 await until(lambda: distinct() >= MESSAGES, 180, "every message handled")
                 journal = inspect.lrange("test:handled", 0, -1)
             finally:

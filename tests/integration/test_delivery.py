@@ -270,11 +270,13 @@ async def test_a_slow_handler_keeps_its_message(
     assert (await client.subscription_stats("slow-sub")).pending == 0
 
 
+@pytest.mark.parametrize("how", ["FlowControl", "deprecated argument"])
 async def test_a_handler_past_max_lease_duration_loses_its_message(
-    client: streamsub.Client,
+    client: streamsub.Client, how: str
 ) -> None:
-    """Past max_lease_duration a message is no longer extended, and another
-    subscriber receives it (delivery_attempt 2)."""
+    """Past max_lease_duration (FlowControl's, or subscribe's deprecated argument,
+    which warns) a message is no longer extended, and another subscriber receives
+    it (delivery_attempt 2)."""
     await client.create_topic("stuck")
     await client.create_subscription("stuck-sub", topic="stuck", ack_deadline=1.0)
     seen: list[tuple[str, int]] = []
@@ -286,39 +288,18 @@ async def test_a_handler_past_max_lease_duration_loses_its_message(
     async def other(message: streamsub.Message) -> None:
         seen.append(("other", message.delivery_attempt))
 
-    async with client.subscribe(
-        "stuck-sub",
-        stuck,
-        consumer="stuck",
-        flow_control=streamsub.FlowControl(max_lease_duration=1.5),
-    ):
-        await client.publish("stuck", b"m")
-        await until(lambda: bool(seen), 5, "the first delivery")
-        async with client.subscribe("stuck-sub", other, consumer="other"):
-            await until(lambda: len(seen) == 2, 6, "the redelivery")
-    assert seen == [("stuck", 1), ("other", 2)]
-
-
-async def test_the_deprecated_max_lease_duration_argument_still_bounds_the_lease(
-    client: streamsub.Client,
-) -> None:
-    """subscribe(max_lease_duration=...) warns and sets FlowControl's field: past
-    it the message goes to another subscriber."""
-    await client.create_topic("stuck")
-    await client.create_subscription("stuck-sub", topic="stuck", ack_deadline=1.0)
-    seen: list[tuple[str, int]] = []
-
-    async def stuck(message: streamsub.Message) -> None:
-        seen.append(("stuck", message.delivery_attempt))
-        await asyncio.sleep(4.0)
-
-    with pytest.warns(DeprecationWarning, match="FlowControl"):
-        subscriber = client.subscribe("stuck-sub", stuck, consumer="stuck", max_lease_duration=1.5)
+    if how == "FlowControl":
+        flow = streamsub.FlowControl(max_lease_duration=1.5)
+        subscriber = client.subscribe("stuck-sub", stuck, consumer="stuck", flow_control=flow)
+    else:
+        with pytest.warns(DeprecationWarning, match="FlowControl"):
+            subscriber = client.subscribe(
+                "stuck-sub", stuck, consumer="stuck", max_lease_duration=1.5
+            )
     async with subscriber:
         await client.publish("stuck", b"m")
         await until(lambda: bool(seen), 5, "the first delivery")
-        other = client.subscribe("stuck-sub", lambda m: seen.append(("other", m.delivery_attempt)))
-        async with other:
+        async with client.subscribe("stuck-sub", other, consumer="other"):
             await until(lambda: len(seen) == 2, 6, "the redelivery")
     assert seen == [("stuck", 1), ("other", 2)]
 
