@@ -42,7 +42,7 @@ class KeyWatch:
             self.most_at_once_per_key = max(self.most_at_once_per_key, self.active[key])
             self.running += 1
             self.most_running = max(self.most_running, self.running)
-            index = int(message.data.split(b":")[1])
+            index = _index(message)
             if (key, index) not in self.seen:
                 self.seen.add((key, index))
                 self.first[key].append(index)
@@ -81,6 +81,26 @@ def _handlers(watch: KeyWatch) -> dict[str, Callable[[streamsub.Message], Any]]:
     return {"asyncio.timeout": with_timeout, "plain def": plain, "lambda": lambda m: work(m)}
 
 
+def _index(message: streamsub.Message) -> int:
+    """The n of a message published as ``key:n``."""
+    return int(message.data.split(b":")[1])
+
+
+async def _ordered(
+    client: streamsub.Client, *, partitions: int, backoff: float | None = None, **settings: Any
+) -> None:
+    """Topic "orders" and its ordered subscription "billing" (with a fixed nack
+    backoff of ``backoff`` seconds, if given, and other ``settings``)."""
+    await client.create_topic("orders", partitions=partitions)
+    if backoff is not None:
+        settings["retry_policy"] = streamsub.RetryPolicy(
+            minimum_backoff=backoff, maximum_backoff=backoff
+        )
+    await client.create_subscription(
+        "billing", topic="orders", enable_message_ordering=True, **settings
+    )
+
+
 async def _publish_keys(
     client: streamsub.Client, topic: str, keys: list[str], count: int, start: int = 0
 ) -> None:
@@ -102,8 +122,7 @@ async def test_each_key_runs_one_at_a_time_in_publish_order(
     """2,000 messages over 40 keys and 4 partitions, read in batches: never two
     handlers of one key at once, each key's messages first handled in publish
     order, and many keys' handlers running at the same time."""
-    await client.create_topic("orders", partitions=4)
-    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    await _ordered(client, partitions=4)
     watch = KeyWatch()
     keys = [f"customer-{k}" for k in range(KEYS)]
     async with client.subscribe("billing", _handlers(watch)[kind]):
@@ -134,19 +153,13 @@ async def test_a_nacked_message_holds_back_its_key_while_other_keys_flow(
     """Message 5 of key "slow" is nacked with a 4 s backoff: nothing later of that
     key is handled until it is handled again (attempt 2), while other keys'
     messages published after the nack are all handled before it comes back."""
-    await client.create_topic("orders", partitions=4)
-    await client.create_subscription(
-        "billing",
-        topic="orders",
-        enable_message_ordering=True,
-        retry_policy=streamsub.RetryPolicy(minimum_backoff=4.0, maximum_backoff=4.0),
-    )
+    await _ordered(client, partitions=4, backoff=4.0)
     handled: list[tuple[str, int, int, float]] = []  # key, index, attempt, when
     nacked = asyncio.Event()
 
     async def handler(message: streamsub.Message) -> None:
         key = message.ordering_key or ""
-        index = int(message.data.split(b":")[1])
+        index = _index(message)
         handled.append((key, index, message.delivery_attempt, time.monotonic()))
         if key == "slow" and index == 5 and message.delivery_attempt == 1:
             nacked.set()
@@ -183,20 +196,13 @@ async def test_a_blocked_key_moves_on_when_its_nacked_message_is_settled_elsewhe
     hands the key's later messages out rather than holding them until their
     leases run out; while another subscriber holds it (handling it), the key
     waits, so that no later message runs beside it."""
-    await client.create_topic("orders", partitions=2)
-    await client.create_subscription(
-        "billing",
-        topic="orders",
-        ack_deadline=2.0,
-        enable_message_ordering=True,
-        retry_policy=streamsub.RetryPolicy(minimum_backoff=600.0, maximum_backoff=600.0),
-    )
+    await _ordered(client, partitions=2, ack_deadline=2.0, backoff=600.0)
     handled: list[tuple[str, int]] = []
     nacked: list[str] = []
 
     async def handler(message: streamsub.Message) -> None:
         key = message.ordering_key or ""
-        index = int(message.data.split(b":")[1])
+        index = _index(message)
         handled.append((key, index))
         if index == 2 and message.delivery_attempt == 1:
             nacked.append(message.message_id)
@@ -292,8 +298,7 @@ async def test_stats_show_who_owns_each_partition(client: streamsub.Client) -> N
     """statistics() and subscription_stats() show the partitions a subscriber of an
     ordered subscription owns, with their fencing tokens; leaving hands them
     over at once (no owner left, no lease to wait for)."""
-    await client.create_topic("orders", partitions=4)
-    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    await _ordered(client, partitions=4)
     async with client.subscribe("billing", lambda m: None, consumer="only") as subscriber:
         await until(lambda: len(subscriber.statistics().partitions) == 4, 15, "ownership")
         stats = await client.subscription_stats("billing")
@@ -312,19 +317,13 @@ async def test_a_new_owner_takes_a_nacked_message_before_the_later_ones_of_its_k
     subscriber that gets the partition takes message 3 over at once (delivery 2),
     before 4..9, rather than letting them overtake it while it waits out its
     backoff."""
-    await client.create_topic("orders", partitions=2)
-    await client.create_subscription(
-        "billing",
-        topic="orders",
-        enable_message_ordering=True,
-        retry_policy=streamsub.RetryPolicy(minimum_backoff=600.0, maximum_backoff=600.0),
-    )
+    await _ordered(client, partitions=2, backoff=600.0)
     first: list[tuple[int, int]] = []
     second: list[tuple[int, int]] = []
 
     def recorder(seen: list[tuple[int, int]]) -> Callable[[streamsub.Message], None]:
         def handle(message: streamsub.Message) -> None:
-            index = int(message.data.split(b":")[1])
+            index = _index(message)
             seen.append((index, message.delivery_attempt))
             if index == 3 and message.delivery_attempt == 1:
                 raise RuntimeError("later")
@@ -348,17 +347,11 @@ async def test_a_nack_comes_back_when_its_keys_later_messages_fill_the_budget(
     later ones fill the whole budget, waiting for it. It still comes back (the
     reclaimer may bring one message per blocked key past the budget), and the key
     goes on in order."""
-    await client.create_topic("orders", partitions=2)
-    await client.create_subscription(
-        "billing",
-        topic="orders",
-        enable_message_ordering=True,
-        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.5, maximum_backoff=0.5),
-    )
+    await _ordered(client, partitions=2, backoff=0.5)
     seen: list[tuple[int, int]] = []
 
     async def handler(message: streamsub.Message) -> None:
-        index = int(message.data.split(b":")[1])
+        index = _index(message)
         seen.append((index, message.delivery_attempt))
         if index == 0 and message.delivery_attempt == 1:
             await asyncio.sleep(0.5)  # the reader fills the budget meanwhile
@@ -387,13 +380,12 @@ async def test_a_stopping_owner_keeps_its_partitions_until_its_handlers_finish(
     """A subscriber stops while a handler of key k runs twice the partition lease:
     it keeps renewing until that handler is done and acked, so the subscriber
     that takes over starts at k's next message and never runs k's beside it."""
-    await client.create_topic("orders", partitions=2)
-    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    await _ordered(client, partitions=2)
     events: list[tuple[str, str, int]] = []
 
     def recorder(name: str, slow: float) -> Callable[[streamsub.Message], Any]:
         async def handle(message: streamsub.Message) -> None:
-            index = int(message.data.split(b":")[1])
+            index = _index(message)
             events.append(("start", name, index))
             if index == 0:
                 await asyncio.sleep(slow)
@@ -423,18 +415,12 @@ async def test_a_nack_during_a_hand_over_comes_back_and_the_partition_moves(
     message of a key there is nacked: it still comes back to this subscriber
     (which keeps sweeping the partition), the key's later messages follow in
     order, and then the partition moves."""
-    await client.create_topic("orders", partitions=1)
-    await client.create_subscription(
-        "billing",
-        topic="orders",
-        enable_message_ordering=True,
-        retry_policy=streamsub.RetryPolicy(minimum_backoff=0.5, maximum_backoff=0.5),
-    )
+    await _ordered(client, partitions=1, backoff=0.5)
     seen: list[tuple[int, int, str]] = []
 
     def recorder(name: str) -> Callable[[streamsub.Message], Any]:
         async def handle(message: streamsub.Message) -> None:
-            index = int(message.data.split(b":")[1])
+            index = _index(message)
             seen.append((index, message.delivery_attempt, name))
             if index == 0 and message.delivery_attempt == 1:
                 await asyncio.sleep(2.0)  # the newcomer joins meanwhile
@@ -466,13 +452,12 @@ async def test_a_seek_while_a_keys_message_runs_does_not_stall_the_key(
     """Seeking back while a key's message runs delivers it again: the new delivery
     runs (the old one is no longer settled), and the key's later messages follow
     in order rather than waiting for ever."""
-    await client.create_topic("orders", partitions=1)
-    await client.create_subscription("billing", topic="orders", enable_message_ordering=True)
+    await _ordered(client, partitions=1)
     release = asyncio.Event()
     seen: list[tuple[int, int]] = []
 
     async def handler(message: streamsub.Message) -> None:
-        index = int(message.data.split(b":")[1])
+        index = _index(message)
         seen.append((index, message.delivery_attempt))
         if len(seen) == 1:
             await release.wait()
