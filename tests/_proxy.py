@@ -6,6 +6,7 @@ Network faults for tests, without touching the real network::
         port = await proxy.start("127.0.0.1", server.port)
         url = f"redis://127.0.0.1:{port}/0"    # clients connect through it
         proxy.silence()   # sockets stay open, nothing is forwarded either way
+        proxy.silence_replies()  # requests reach the server, its replies are held
         proxy.resume()    # forwarding goes on, held bytes included
         proxy.reset()     # every open connection is closed with RST
         proxy.drop()      # open connections go dead without a word; new ones work
@@ -55,8 +56,10 @@ class Proxy:
     def __init__(self) -> None:
         self._server: asyncio.Server | None = None
         self._target: tuple[str, int] = ("127.0.0.1", 0)
-        self._flowing = asyncio.Event()
-        self._flowing.set()
+        self._to_server = asyncio.Event()
+        self._to_server.set()
+        self._to_client = asyncio.Event()
+        self._to_client.set()
         self._pairs: set[_Pair] = set()
         self._dropped: list[_Pair] = []
         self.accepted = 0
@@ -77,11 +80,18 @@ class Proxy:
 
     def silence(self) -> None:
         """Keep every socket open but forward nothing, in both directions."""
-        self._flowing.clear()
+        self._to_server.clear()
+        self._to_client.clear()
+
+    def silence_replies(self) -> None:
+        """Forward what clients send, but hold what the server answers (a reply
+        delayed on its way back, while the client sends on)."""
+        self._to_client.clear()
 
     def resume(self) -> None:
-        """Forward again, including what arrived while silent."""
-        self._flowing.set()
+        """Forward again both ways, including what arrived while silent."""
+        self._to_server.set()
+        self._to_client.set()
 
     def drop(self) -> None:
         """Forget every open connection without a word to either side: their sockets
@@ -133,20 +143,24 @@ class Proxy:
         self._pairs.add(pair)
         loop = asyncio.get_running_loop()
         pair.tasks = [
-            loop.create_task(self._pump(reader, up_writer, pair)),
-            loop.create_task(self._pump(up_reader, writer, pair)),
+            loop.create_task(self._pump(reader, up_writer, pair, self._to_server)),
+            loop.create_task(self._pump(up_reader, writer, pair, self._to_client)),
         ]
 
     async def _pump(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pair: _Pair
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pair: _Pair,
+        flowing: asyncio.Event,
     ) -> None:
         try:
             while True:
-                await self._flowing.wait()
+                await flowing.wait()
                 data = await reader.read(_CHUNK)
                 if not data:
                     break
-                await self._flowing.wait()  # bytes read just before silence() wait too
+                await flowing.wait()  # bytes read just before silence() wait too
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):

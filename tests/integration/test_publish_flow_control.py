@@ -15,8 +15,9 @@ import pytest
 import redis
 
 import streamsub
-from streamsub._backends.base import TopicRecord
+from streamsub._backends.base import Link, TopicRecord
 from streamsub._backends.redis import RedisBackend
+from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -32,9 +33,14 @@ class _Gated(RedisBackend):
         super().__init__(url)
         self.gate = asyncio.Event()
 
-    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
         await self.gate.wait()
-        return await super().append(topic, batch)
+        return await super().append(topic, batch, links)
 
 
 def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> list[tuple[str, bytes]]:

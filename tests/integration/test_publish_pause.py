@@ -11,7 +11,10 @@ import pytest
 import redis
 
 import streamsub
+from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisServer, redis_server
+from tests._proxy import Proxy
+from tests._wait import until
 
 KEYS = [f"key-{k}" for k in range(6)]
 
@@ -176,5 +179,98 @@ async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
         assert stored["k"] == [b"k-1-again"]
         assert stored[""] == [b"warm-up", b"other-1", b"other-2"]
     finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+
+
+async def test_writes_in_flight_behind_a_refused_one_do_not_overtake_it(
+    oom_server: RedisServer, proxy: Proxy
+) -> None:
+    """Redis refuses a write (out of memory) while the next writes of the same
+    partitions are already on their way, and memory is back before they arrive.
+    None of them stores anything on a partition whose earlier write failed: each key's
+    later messages fail with the earlier write's error, ResourceExhaustedError,
+    instead of overtaking it; a partition with nothing refused is stored. After
+    resume_publish the keys publish again in order.
+
+    The replies are held by a proxy, so that the publisher sends on while Redis
+    has already refused the first write (as with any round trip longer than a write).
+    """
+    admin = redis.Redis.from_url(oom_server.url)
+    port = await proxy.start("127.0.0.1", oom_server.port)
+    batch = streamsub.BatchSettings(max_messages=1000, max_latency=0.001)
+    partitions = 4
+    hot = [key for key in (f"hot-{k}" for k in range(200)) if partition_for_key(key, 4) == 0]
+    cold = [key for key in (f"cold-{k}" for k in range(200)) if partition_for_key(key, 4) == 1]
+    try:
+        async with streamsub.connect(f"redis://127.0.0.1:{port}/0", batch_settings=batch) as client:
+            await client.create_topic("linked", partitions=partitions)
+            await client.publish_many(
+                "linked",
+                [streamsub.OutgoingMessage(data=b"before", ordering_key=k) for k in hot[:5]],
+            )
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+            evals = _evals(admin)
+            proxy.silence_replies()
+            # Write 1: five keys of partition 0, refused for want of memory.
+            first = asyncio.create_task(
+                client.publish_many(
+                    "linked",
+                    [streamsub.OutgoingMessage(data=b"1", ordering_key=k) for k in hot[:5]],
+                )
+            )
+            await until(lambda: _evals(admin) > evals, 5, "the first write's refusal")
+            admin.config_set("maxmemory", 0)
+            # Writes 2 to 4, sent before the publisher hears of the refusal: later
+            # messages of those keys and other keys of partition 0, and partition 1's
+            # keys, which nothing refused.
+            later = []
+            for n in (2, 3, 4):
+                messages = [
+                    *(
+                        streamsub.OutgoingMessage(data=f"{n}".encode(), ordering_key=k)
+                        for k in hot[:8]
+                    ),
+                    *(
+                        streamsub.OutgoingMessage(data=f"{n}".encode(), ordering_key=k)
+                        for k in cold[:3]
+                    ),
+                ]
+                later.append(asyncio.create_task(client.publish_many("linked", messages)))
+                # Partition 0's and partition 1's part of write n reached Redis.
+                await until(lambda n=n: _evals(admin) >= evals + 2 * n - 1, 5, f"write {n}")
+            proxy.resume()
+            async with asyncio.timeout(10):
+                results = await asyncio.gather(first, *later, return_exceptions=True)
+            for result in results:
+                # A call spanning a refused partition fails with the refusal.
+                assert isinstance(result, streamsub.ResourceExhaustedError), result
+
+            stored = _stored(admin, "linked", partitions)
+            for key in hot[:8]:
+                before = [b"before"] if key in hot[:5] else []
+                assert stored.get(key, []) == before, f"{key} overtook a refused write"
+            for key in cold[:3]:
+                assert stored[key] == [b"2", b"3", b"4"]  # partition 1 was never refused
+
+            for key in hot[:8]:
+                with pytest.raises(streamsub.OrderingKeyPausedError):
+                    await client.publish("linked", b"late", ordering_key=key)
+                client.resume_publish("linked", key)
+            for n in (1, 2):
+                await client.publish_many(
+                    "linked",
+                    [
+                        streamsub.OutgoingMessage(data=f"again-{n}".encode(), ordering_key=k)
+                        for k in hot[:8]
+                    ],
+                )
+        stored = _stored(admin, "linked", partitions)
+        for key in hot[:8]:
+            before = [b"before"] if key in hot[:5] else []
+            assert stored[key] == [*before, b"again-1", b"again-2"], key
+    finally:
+        proxy.resume()
         admin.config_set("maxmemory", 0)
         admin.close()

@@ -15,10 +15,11 @@ import pytest
 import redis
 
 import streamsub
-from streamsub._backends.base import TopicRecord
+from streamsub._backends.base import Link, TopicRecord
 from streamsub._backends.redis import RedisBackend
 from streamsub._core.codec import encode
 from streamsub._engine.publisher import MAX_IN_FLIGHT, PublishGate, TopicPublisher
+from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -30,11 +31,16 @@ class _FailsOnce(RedisBackend):
         super().__init__(url)
         self.error: BaseException | None = error
 
-    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
         error, self.error = self.error, None
         if error is not None:
             raise error
-        return await super().append(topic, batch)
+        return await super().append(topic, batch, links)
 
 
 class _Gated(RedisBackend):
@@ -45,10 +51,15 @@ class _Gated(RedisBackend):
         self.gate = asyncio.Event()
         self.started = 0
 
-    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
         self.started += 1
         await self.gate.wait()
-        return await super().append(topic, batch)
+        return await super().append(topic, batch, links)
 
 
 def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:

@@ -16,10 +16,13 @@ from typing import Literal, NamedTuple, Protocol
 from .._core.retention import Retention
 from .._core.seek import PartitionPosition, PartitionSeek
 from .._core.stats import PartitionCounts
+from .._errors import BackendError, StreamsubError
 
 __all__ = [
     "PARKED_CONSUMER",
     "Backend",
+    "BrokenLinkError",
+    "Link",
     "Ownership",
     "Entry",
     "GroupInfo",
@@ -36,6 +39,33 @@ __all__ = [
 
 PARKED_CONSUMER = "streamsub.delayed"
 """The consumer name delayed nacks wait under (see nack.lua): not for subscribers."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Link:
+    """Where a write to one partition sits in its writer's sequence of writes.
+
+    A publisher pipelines several writes; Redis runs them in order, but a write
+    answered with an error (out of memory, read-only) does not stop the ones
+    sent behind it. A write linked ``after`` an earlier one runs only if that
+    one was stored, so a failed write is never overtaken by a later message of
+    its ordering key.
+    """
+
+    writer: str
+    """The writer's id (one per publisher), unique among live publishers."""
+    number: int
+    """This write's number, larger than the writer's earlier ones."""
+    after: int | None
+    """The number of the writer's write to this partition that must be stored
+    first, or ``None``: that write is settled (nothing of the writer's is in
+    flight before this one)."""
+
+
+class BrokenLinkError(BackendError):
+    """A partition's write was not done: the write it was linked after (see
+    :class:`Link`) was not stored. Internal: the publisher reports the earlier
+    write's failure instead."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,10 +231,20 @@ class Backend(Protocol):
         ...
 
     # --- data ------------------------------------------------------------------
-    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
-        """Append each partition's messages in order; return their ids.
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
+        """Append each partition's messages in order; return, per partition, their
+        ids or why that partition's write was not done (nothing of it stored).
 
         Each partition's messages come packed and concatenated (``Encoded.packed``).
+        A partition with a :class:`Link` is written only if the link holds, else it
+        answers :class:`BrokenLinkError`. Writes of one backend run in call order.
+        Raises (rather than answers) when the outcome is unknown, as on a broken
+        connection: then each partition's write may or may not be stored.
         """
         ...
 

@@ -5,19 +5,25 @@ themselves and round trips stay few. Up to four batches are in flight, sent
 one behind the other on one connection, which Redis runs in order: messages of
 one ordering key stay in publish order.
 
-A failed write fails every publish of that batch with the backend's error: the
-messages may or may not be stored, and the caller decides whether to publish
-again. It pauses the batch's ordering keys (see ``_core/publish_flow.py``):
-their messages still queued fail with :class:`OrderingKeyPausedError`, and so
-does every later publish with them until ``resume``, so that a key's later
-messages never overtake an earlier failed one. Messages without a key and
-other keys flow on. A lost connection (:class:`UnavailableError`) also fails
-every publish still queued, pausing their keys too, so that a publish on a
-dead connection fails within one socket timeout rather than one per batch
-queued ahead of it. Batches already sent behind the failed one (at most
-``MAX_IN_FLIGHT - 1``, which Redis runs right after it, and which a lost
-connection fails as well) are not recalled: if one of them is stored, its
-publish returns its ids.
+A write that fails fails the publishes of its messages with the backend's
+error (per partition: a batch's other partitions may be stored) and pauses
+their ordering keys (see ``_core/publish_flow.py``): their messages still
+queued fail with :class:`OrderingKeyPausedError`, and so does every later
+publish with them until ``resume``. Messages without a key and other keys flow
+on. A lost connection (:class:`UnavailableError`) also fails every publish
+still queued, pausing their keys too, so that a publish on a dead connection
+fails within one socket timeout rather than one per batch queued ahead of it;
+its messages may or may not be stored.
+
+Redis runs the writes in flight in order, but one answered with an error (out
+of memory, read-only replica) does not stop those sent behind it, which would
+store a key's later message without its earlier one. So each write to a
+partition is linked (:class:`~streamsub._backends.base.Link`) to the
+publisher's previous write to it while that one is in flight, and Redis runs it
+only if that one was stored: a failure on a partition also fails the writes
+already in flight behind it (at most ``MAX_IN_FLIGHT - 1``; their publishes get
+the same error and their keys pause), and no new write starts until those have
+come back. Publish order per key holds through any failure.
 
 Every client has one :class:`PublishGate`, shared by its topics' publishers:
 ``publish`` takes its messages' share of ``PublishFlowControl`` before it
@@ -33,12 +39,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from .._backends.base import Backend, TopicRecord
+from .._backends.base import Backend, BrokenLinkError, Link, TopicRecord
 from .._core.batch import Batch, Batcher
 from .._core.codec import Encoded
 from .._core.partition import StickyPartitioner, partition_for_key
@@ -250,6 +258,12 @@ class TopicPublisher:
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        # Links between writes (see the module docstring).
+        self._writer = secrets.token_hex(8)
+        self._writes = 0
+        self._last_write: dict[int, int] = {}
+        self._unsettled: collections.Counter[int] = collections.Counter()
+        self._failures: dict[int, StreamsubError] = {}
 
     @property
     def topic(self) -> TopicRecord:
@@ -335,13 +349,21 @@ class TopicPublisher:
         self._open_messages = self._open_bytes = 0
         self._sticky.advance()
 
+    def _fail(
+        self, messages: Iterable[tuple[bytes, _Token]], exc: BaseException
+    ) -> list[str | None]:
+        """Fail the publishes of ``messages`` with ``exc``; return their keys."""
+        keys: list[str | None] = []
+        for _, token in messages:
+            token.waiter.fail(exc)
+            keys.append(token.key)
+        return keys
+
     def _fail_batch(self, ready: _Ready, exc: BaseException) -> None:
         """Fail every publish of ``ready`` with ``exc`` and pause its keys."""
         keys: list[str | None] = []
         for messages in ready.batch.values():
-            for _, token in messages:
-                token.waiter.fail(exc)
-                keys.append(token.key)
+            keys += self._fail(messages, exc)
         self._pause(keys)
         self._gate.release(ready.messages, ready.size)
 
@@ -407,9 +429,28 @@ class TopicPublisher:
                 raise
             # Otherwise handed to every waiting publish: nothing left to report.
 
-    def _write_done(self, task: asyncio.Task[None]) -> None:
+    def _write_done(self, partitions: list[int], task: asyncio.Task[None]) -> None:
+        # A callback, not a ``finally`` in _write: it runs even for a write
+        # cancelled before it started, whose partitions would stay linked.
+        for partition in partitions:
+            self._unsettled[partition] -= 1
+            if not self._unsettled[partition]:
+                del self._unsettled[partition]
         if task.cancelled() or task.exception() is not None:
             self._wake.set()  # the flusher takes it up and stops
+
+    def _links(self, ready: _Ready) -> dict[int, Link]:
+        """Number the write of ``ready`` and link each of its partitions to the
+        previous write to it, if that one is still in flight."""
+        self._writes += 1
+        number = self._writes
+        links = {}
+        for partition in ready.batch:
+            after = self._last_write.get(partition) if self._unsettled[partition] else None
+            links[partition] = Link(self._writer, number, after)
+            self._last_write[partition] = number
+            self._unsettled[partition] += 1
+        return links
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
@@ -418,8 +459,10 @@ class TopicPublisher:
             for task in [task for task in in_flight if task.done()]:
                 in_flight.discard(task)
                 task.result()  # a write that died takes the flusher with it
+            if self._failures and not in_flight:
+                self._failures.clear()  # every write linked to a failed one is back
             if self._ready:
-                if len(in_flight) >= MAX_IN_FLIGHT:
+                if len(in_flight) >= MAX_IN_FLIGHT or self._failures:
                     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 # Started in order, written in order: the backend sends each
@@ -427,8 +470,9 @@ class TopicPublisher:
                 ready = self._ready.popleft()
                 self._queued_messages -= ready.messages
                 self._queued_bytes -= ready.size
-                task = loop.create_task(self._write(ready))
-                task.add_done_callback(self._write_done)
+                links = self._links(ready)
+                task = loop.create_task(self._write(ready, links))
+                task.add_done_callback(functools.partial(self._write_done, list(links)))
                 in_flight.add(task)
                 continue
             deadline = self._batcher.deadline()
@@ -453,23 +497,36 @@ class TopicPublisher:
             if len(self._batcher):
                 self._close_batch()
 
-    async def _write(self, ready: _Ready) -> None:
+    async def _write(self, ready: _Ready, links: dict[int, Link]) -> None:
         batch = ready.batch
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
         try:
-            ids = await self._backend.append(self._topic, payload)
-        except StreamsubError as exc:  # every publish of the batch learns of the failure
+            results = await self._backend.append(self._topic, payload, links)
+        except StreamsubError as exc:  # outcome unknown: every publish of the batch fails
+            for partition in batch:
+                self._failures.setdefault(partition, exc)
             self._fail_batch(ready, exc)
             self._drop_queued(exc if isinstance(exc, UnavailableError) else None)
             return
         except BaseException as exc:
             self._fail_batch(ready, self._unexpected(exc))
             raise
+        failed_keys: list[str | None] = []
         for partition, messages in batch.items():
-            prefix = f"{partition}-"
-            for (_, token), entry_id in zip(messages, ids[partition], strict=True):
-                token.waiter.resolve(token.position, prefix + entry_id)
+            result = results[partition]
+            if isinstance(result, BrokenLinkError):  # behind a failed write: its error
+                failed_keys += self._fail(messages, self._failures.get(partition, result))
+            elif isinstance(result, StreamsubError):
+                self._failures.setdefault(partition, result)
+                failed_keys += self._fail(messages, result)
+            else:
+                prefix = f"{partition}-"
+                for (_, token), entry_id in zip(messages, result, strict=True):
+                    token.waiter.resolve(token.position, prefix + entry_id)
         self._gate.release(ready.messages, ready.size)
+        if failed_keys:
+            self._pause(failed_keys)
+            self._drop_queued(None)
 
     async def aclose(self) -> None:
         """Write what is queued, then stop."""

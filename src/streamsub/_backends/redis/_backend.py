@@ -34,14 +34,17 @@ from ..._errors import (
     InvalidArgumentError,
     InvalidTypeError,
     ResourceExhaustedError,
+    StreamsubError,
     SubscriptionNotFoundError,
     TopicNotFoundError,
     UnavailableError,
 )
 from ..base import (
+    BrokenLinkError,
     Entry,
     GroupInfo,
     LeaseMode,
+    Link,
     NackItem,
     Ownership,
     Reclaimed,
@@ -582,19 +585,48 @@ class RedisBackend:
         return infos
 
     # --- data ------------------------------------------------------------------
-    async def append(self, topic: TopicRecord, batch: Mapping[int, bytes]) -> dict[int, list[str]]:
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
         # EVAL, not EVALSHA: commands are in flight behind each other, and a
         # NOSCRIPT retry would let a later batch overtake an earlier one.
         keys = self._keys(topic)
         source = self._append.source
         partitions = list(batch)
-        commands = [("EVAL", source, 1, keys[p], batch[p]) for p in partitions]
+        commands: list[tuple[Any, ...]] = []
+        for p in partitions:
+            link = links.get(p) if links else None
+            if link is None:
+                commands.append(("EVAL", source, 1, keys[p], batch[p]))
+            else:
+                after = "" if link.after is None else link.after
+                link_key = _keys.link_key(keys[p], link.writer)
+                commands.append(
+                    ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
+                )
         with self._errors():
             replies = await self._appender.call_many(commands)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-        return {p: [i.decode() for i in ids] for p, ids in zip(partitions, replies, strict=True)}
+        results: dict[int, list[str] | StreamsubError] = {}
+        for p, reply in zip(partitions, replies, strict=True):
+            if isinstance(reply, Exception):
+                results[p] = self._translated(reply)
+            else:
+                results[p] = [i.decode() for i in reply]
+        return results
+
+    def _translated(self, exc: Exception) -> StreamsubError:
+        """``exc`` (a reply in place of a result) as the error ``_errors`` makes of it."""
+        if isinstance(exc, rexc.ResponseError) and str(exc).startswith("BROKENLINK"):
+            return BrokenLinkError(f"Redis at {self.url} did not run a write: {exc}")
+        try:
+            with self._errors():
+                raise exc
+        except StreamsubError as translated:
+            return translated
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _evalsha_many(
         self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]

@@ -18,6 +18,7 @@ __all__ = [
     "dropped_key",
     "holds_key",
     "labels_key",
+    "link_key",
     "lock_key",
     "members_key",
     "owners_key",
@@ -47,6 +48,13 @@ def subscription_key(name: str) -> str:
 def stream_key(topic: str, partition: int) -> str:
     """The stream of one partition of ``topic``."""
     return f"ss:{{{topic}.{partition}}}"
+
+
+def link_key(stream: str, writer: str) -> str:
+    """A publisher's last stored write to the partition ``stream`` (its number,
+    expiring after a minute), which the writes it has in flight behind it check;
+    it shares the stream's tag."""
+    return f"{stream}:link:{writer}"
 
 
 def delay_key(topic: str, partition: int, group: str) -> str:

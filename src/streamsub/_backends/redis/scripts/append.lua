@@ -4,10 +4,21 @@
 -- a big-endian uint32 length and its bytes. Returns the new entry ids.
 -- One argument instead of thousands: packing arguments one by one, not Redis,
 -- is what limits a Python publisher.
+-- Linked writes (a publisher with writes in flight): KEYS[2] is the writer's
+-- link on this partition (it shares the stream's tag), ARGV[2] this write's
+-- number, ARGV[3] the number of the write that must have been stored first,
+-- or '' for none. A write whose link does not hold stores nothing and answers
+-- BROKENLINK: an earlier write of the writer failed, and this one must not
+-- overtake it.
 local key, blob = KEYS[1], ARGV[1]
 -- Topics create their streams; a missing one means the topic was deleted.
 if redis.call('EXISTS', key) == 0 then
   return redis.error_reply('NOTOPIC stream ' .. key .. ' does not exist')
+end
+local link = KEYS[2]
+if link and ARGV[3] ~= '' and redis.call('GET', link) ~= ARGV[3] then
+  return redis.error_reply('BROKENLINK write ' .. ARGV[2] .. ' of ' .. link ..
+    ' follows write ' .. ARGV[3] .. ', which was not stored')
 end
 local unpack_uint, sub = struct.unpack, string.sub
 local ids = {}
@@ -23,5 +34,9 @@ while pos <= last do
     pos = pos + len
   end
   ids[#ids + 1] = redis.call('XADD', key, '*', unpack(args))
+end
+if link then
+  -- Only writes in flight behind this one read it: a minute outlives them.
+  redis.call('SET', link, ARGV[2], 'PX', 60000)
 end
 return ids
