@@ -82,6 +82,7 @@ class Message:
         "_settling",
         "_size",
         "_started",
+        "_token",
         "attributes",
         "data",
         "delivery_attempt",
@@ -114,6 +115,7 @@ class Message:
         self._delivered_ms = delivered_ms
         self._settling = settling
         self._started = False
+        self._token = 0  # on an ordered subscription: its partition's fencing token
 
     @property
     def message_id(self) -> str:

@@ -1,37 +1,70 @@
-"""A subscriber process of an ordered subscription, for the ordering crash test.
+"""A subscriber process of an ordered subscription, for the ordering fault tests.
 
-Usage: python -m tests.faults._ordered_subscriber URL SUBSCRIPTION CONSUMER
+Usage: python -m tests.faults._ordered_subscriber URL SUBSCRIPTION CONSUMER [STALL]
 
 Each handled message is recorded, before the handler returns (so before it is
 acked), as "key index attempt consumer" at the tail of the Redis list
 ``test:handled``: one list in handling order across every process. "ready" goes
 to stdout once the subscriber runs.
+
+With STALL (seconds), the process stalls once the way a handler can stall a
+whole event loop — a blocking ``time.sleep`` in an ``async def`` handler — in
+the first message it handles with index 20 or more, after setting the Redis
+key ``test:stalled``. Its handlers then record as they start, with a blocking
+call, so that every handler that ran before the stall is recorded before it.
+A handler given its message before the stall whose task had not yet run its
+first step runs it right after: it records as consumer ``<CONSUMER>-pre``
+(tasks queued before the stall run before a callback queued after it).
+$STREAMSUB_TEST_OWNERSHIP_LEASE sets the partition lease (seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import sys
+import time
 
+import redis
 import redis.asyncio as aioredis
 
 import streamsub
+from streamsub._engine import ownership
 
 
-async def main(url: str, subscription: str, consumer: str) -> None:
+async def main(url: str, subscription: str, consumer: str, stall: float) -> None:
     journal = aioredis.Redis.from_url(url)
+    blocking_journal = redis.Redis.from_url(url)
+    stall_state = {"stalled": False, "resumed": False, "after": False}
+
+    def mark_after() -> None:
+        stall_state["after"] = True
 
     async def handler(message: streamsub.Message) -> None:
         key, index = message.data.decode().split(":")
+        record = f"{key} {index} {message.delivery_attempt} {consumer}"
         await asyncio.sleep(random.uniform(0, 0.002))
-        await journal.rpush("test:handled", f"{key} {index} {message.delivery_attempt} {consumer}")
+        await journal.rpush("test:handled", record)
+
+    async def stalling_handler(message: streamsub.Message) -> None:
+        key, index = message.data.decode().split(":")
+        pre = stall_state["resumed"] and not stall_state["after"]
+        who = f"{consumer}-pre" if pre else consumer
+        blocking_journal.rpush("test:handled", f"{key} {index} {message.delivery_attempt} {who}")
+        if not stall_state["stalled"] and int(index) >= 20:
+            stall_state["stalled"] = True
+            blocking_journal.set("test:stalled", consumer)
+            time.sleep(stall)  # noqa: ASYNC251 (the point: the loop stops, renewals too)
+            stall_state["resumed"] = True
+            asyncio.get_running_loop().call_soon(mark_after)
+        await asyncio.sleep(random.uniform(0, 0.002))
 
     async with (
         streamsub.connect(url) as client,
         client.subscribe(
             subscription,
-            handler,
+            stalling_handler if stall else handler,
             consumer=consumer,
             flow_control=streamsub.FlowControl(max_messages=200),
         ),
@@ -40,5 +73,28 @@ async def main(url: str, subscription: str, consumer: str) -> None:
         await asyncio.Event().wait()  # until killed
 
 
+def check_key(records: list[tuple[int, int, str]], killed: str) -> int:
+    """Assert one key's handlings keep publish order; return its restarts.
+
+    ``records`` are (index, delivery attempt, consumer) in handling order. Each
+    handling is the next message of the key, but for a restart: the new owner of
+    a partition that ``killed`` (crashed or stalled) held handles again (delivery
+    > 1) what it held, from the earliest such message on, before anything later,
+    and goes on in order from there. A restart follows only a handling by
+    ``killed``."""
+    expected, restarts, previous = 0, 0, ""
+    for index, attempt, consumer in records:
+        if index < expected:
+            assert attempt > 1, f"{index} handled twice on its first delivery ({consumer})"
+            assert previous == killed, f"{index} handled again after {previous}, not a crash"
+            restarts += 1
+        else:
+            assert index == expected, f"{index} handled before {expected} ({consumer})"
+        expected, previous = index + 1, consumer
+    return restarts
+
+
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    if "STREAMSUB_TEST_OWNERSHIP_LEASE" in os.environ:
+        ownership.OWNERSHIP_LEASE = float(os.environ["STREAMSUB_TEST_OWNERSHIP_LEASE"])
+    asyncio.run(main(*sys.argv[1:4], float(sys.argv[4]) if len(sys.argv) > 4 else 0.0))

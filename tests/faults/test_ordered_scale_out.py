@@ -16,6 +16,7 @@ import redis
 import streamsub
 from streamsub.testing import redis_server
 from tests._wait import until
+from tests.faults._ordered_subscriber import check_key
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = 200
@@ -32,26 +33,6 @@ def _start(url: str, consumer: str) -> subprocess.Popen[str]:
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
     return process
-
-
-def _check_key(records: list[tuple[int, int, str]], killed: str) -> int:
-    """Assert one key's handlings keep publish order; return its restarts.
-
-    Each handling is the next message of the key, but for a restart: the new
-    owner of a killed subscriber's partition handles again (delivery > 1) what
-    the killed one held, from the earliest such message on, before anything
-    later, and goes on in order from there. A restart follows only a handling
-    by the killed subscriber."""
-    expected, restarts, previous = 0, 0, ""
-    for index, attempt, consumer in records:
-        if index < expected:
-            assert attempt > 1, f"{index} handled twice on its first delivery ({consumer})"
-            assert previous == killed, f"{index} handled again after {previous}, not a crash"
-            restarts += 1
-        else:
-            assert index == expected, f"{index} handled before {expected} ({consumer})"
-        expected, previous = index + 1, consumer
-    return restarts
 
 
 @pytest.mark.slow
@@ -128,7 +109,7 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
         per_key[key].append((int(index), int(attempt), consumer))
         by_consumer[consumer] += 1
     assert sorted(per_key) == sorted(keys)
-    restarts = sum(_check_key(per_key[key], killed="a") for key in keys)
+    restarts = sum(check_key(per_key[key], killed="a") for key in keys)
     assert all(max(i for i, _, _ in per_key[key]) == MESSAGES // KEYS - 1 for key in keys)
     assert set(by_consumer) == {"a", "b", "c", "d", "e"}, by_consumer
     assert restarts <= KEYS, restarts

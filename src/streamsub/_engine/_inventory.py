@@ -163,6 +163,24 @@ class Inventory:
             self._start(admitted)
         return True
 
+    def withdraw(self, message: Message) -> list[Message] | None:
+        """Take out ``message``, which flow control let start but no handler saw
+        (its partition is no longer ours), as given back: its key, on an ordered
+        subscription, blocks until it is back. Return the messages that may start
+        now, or None when it is not held."""
+        key = (message._partition, message._entry_id)
+        if self.held.get(key) is not message:
+            return None
+        del self.held[key]
+        self.settling.add(key)
+        admitted = self.flow.finished(message._size, started=True)
+        if self.order is not None and message.ordering_key:
+            self._forget_order(message)
+            if self.order.blocked_on(message.ordering_key) is not None:
+                self.blocking[key] = message.ordering_key
+        self._room.set()
+        return admitted
+
     def unblock(self, partition: int, entry_id: str) -> None:
         """The entry that blocks an ordering key was settled without coming back here
         (dead-lettered out of attempts, taken by another subscriber, trimmed): the

@@ -42,8 +42,12 @@ class Intake:
         max_attempts: int,
         has_dead_letter_topic: bool,
         wall_clock: Callable[[], float],
+        fencing: Callable[[int], int] | None = None,
     ) -> None:
         self._topic = topic
+        self._fencing = fencing
+        """On an ordered subscription: a partition's fencing token now (0: not ours),
+        which each message taken carries, so that it starts only while it holds."""
         self._group = group
         self._inventory = inventory
         self._settler = settler
@@ -100,6 +104,10 @@ class Intake:
                     settling=settling,
                 )
             )
+        fencing = self._fencing
+        if fencing is not None:
+            for message in messages:
+                message._token = fencing(message._partition)
         self._inventory.take(messages, grant, aside=aside)
         if messages:
             redelivered = sum(1 for m in messages if m.delivery_attempt > 1)

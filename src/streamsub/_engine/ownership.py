@@ -16,8 +16,20 @@ new owner of a partition gets a larger fencing token.
   runs before any later message of its key, and only then reads new entries.
 - **Leave**: a stopping subscriber releases its partitions once its acks are
   sent, so they move at once.
-- **Lost contact**: a member that cannot renew stops reading once its lease may
-  have run out, and reads again once it owns partitions again.
+- **Lost contact**: a member whose lease may have run out (it could not renew,
+  or its process stalled) reads, sweeps and starts nothing of its partitions
+  until a renewal says which are still its own: the fencing is local, by the
+  clock, checked before every read, sweep and handler start, so a member that
+  wakes from a stall longer than its lease never acts on a partition another
+  now owns. Reads block for at most a second, under a third of the lease, so
+  a read sent while the lease surely held is answered before anyone else can
+  own the partition. Each message carries the fencing token its partition had
+  when it was taken, and starts only while that token is still ours: messages
+  of a partition lost meanwhile (and maybe owned again since, under a new
+  token) are given back unseen (their delivery not counted) for the owner
+  that took them over. A handler already running finishes, but its ack or
+  nack settles nothing once the new owner has taken the message over
+  (settling checks the delivery).
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from .._backends.base import Backend, TopicRecord
@@ -44,26 +58,39 @@ _BUSY_INTERVAL = 0.5
 class Assignment:
     """The partitions this subscriber reads, and those it sweeps, now."""
 
-    def __init__(self, partitions: Iterable[int]) -> None:
+    def __init__(
+        self, partitions: Iterable[int], *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._partitions = sorted(partitions)
         self._swept = list(self._partitions)
+        self._clock = clock
+        self._valid_until = math.inf
         self._changed = asyncio.Event()
         self._closed = False
 
     @property
     def partitions(self) -> list[int]:
-        """Read for new entries."""
-        return self._partitions
+        """Read for new entries (none once the assignment has expired)."""
+        return self._partitions if self._clock() < self._valid_until else []
 
     @property
     def swept(self) -> list[int]:
         """Swept for idle and due entries: also those being handed over, whose nacked
         messages must come back here while their later ones wait."""
-        return self._swept
+        return self._swept if self._clock() < self._valid_until else []
 
-    def set(self, partitions: Iterable[int], swept: Iterable[int] | None = None) -> None:
+    def set(
+        self,
+        partitions: Iterable[int],
+        swept: Iterable[int] | None = None,
+        *,
+        valid_until: float = math.inf,
+    ) -> None:
+        """Read ``partitions`` and sweep ``swept`` (default: the same) until the
+        clock reaches ``valid_until``, when both become empty."""
         self._partitions = sorted(partitions)
         self._swept = sorted(swept) if swept is not None else list(self._partitions)
+        self._valid_until = valid_until
         self._changed.set()
 
     def close(self) -> None:
@@ -73,7 +100,7 @@ class Assignment:
 
     async def wait(self) -> None:
         """Return once there is a partition to read, or the subscriber stops."""
-        while not self._partitions and not self._closed:
+        while not self.partitions and not self._closed:
             self._changed.clear()
             await self._changed.wait()
 
@@ -105,6 +132,9 @@ class PartitionOwner:
         self._lease = lease
         self.owned: dict[int, int] = {}
         """Partition -> fencing token, as of the last heartbeat."""
+        self._valid_until = 0.0
+        """Until when ``owned`` is surely still ours: a third of a lease before it
+        may have run out, counted from the start of the last renewal."""
         self._handing_back: set[int] = set()
         self._taking: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -127,9 +157,15 @@ class PartitionOwner:
         for task in self._tasks:
             task.cancel()
 
+    def owns(self, partition: int, token: int) -> bool:
+        """Whether ``partition`` is surely ours now, under fencing ``token`` (see the
+        module docstring)."""
+        return (
+            token != 0 and self.owned.get(partition) == token and self._clock() < self._valid_until
+        )
+
     async def run(self) -> None:
         errors = Backoff()
-        valid_until = 0.0
         while not self._stopping:
             raise_if_cancelled()
             release = [] if self._frozen else [p for p in self._handing_back if not self._busy(p)]
@@ -146,28 +182,29 @@ class PartitionOwner:
                         release=release,
                         take=not self._frozen,
                     ),
-                    max(self._lease / 3, valid_until - started),
+                    max(self._lease / 3, self._valid_until - started),
                 )
             except NotFoundError:
                 raise
             except (StreamsubError, TimeoutError) as exc:
                 if self._stopping:
                     return
-                if self._clock() >= valid_until:  # our leases may have run out
+                if self._clock() >= self._valid_until:  # our leases may have run out
                     self._assignment.set([], swept=[])
                 await errors.wait("keeping partition ownership", exc)
                 continue
             errors.reset()
             # Not renewed for a lease, a partition is another's: stop reading a
             # third of a lease before that.
-            valid_until = started + self._lease * 2 / 3
+            self._valid_until = started + self._lease * 2 / 3
             if release:
                 log.info("streamsub: handed partitions %s of %r over", sorted(release), self._group)
             lost = set(self.owned) - set(result.owned) - set(release)
             if lost:
                 log.warning(
                     "streamsub: subscriber %r lost partitions %s of %r (it did not renew "
-                    "its lease in time); it stops reading them",
+                    "its lease in time); it stops reading them and gives back what it "
+                    "holds of them and has not started",
                     self._consumer,
                     sorted(lost),
                     self._group,
@@ -213,7 +250,7 @@ class PartitionOwner:
 
     def _assign(self) -> None:
         owned = set(self.owned) - self._taking
-        self._assignment.set(owned - self._handing_back, swept=owned)
+        self._assignment.set(owned - self._handing_back, swept=owned, valid_until=self._valid_until)
 
     async def leave(self) -> None:
         """Release every partition and the membership (acks are sent by now)."""

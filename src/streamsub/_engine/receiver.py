@@ -152,7 +152,7 @@ class Receiver:
             "inventory": self._inventory,
         }
         everything = () if ordered else range(topic.partitions)
-        self._assignment = Assignment(everything)
+        self._assignment = Assignment(everything, clock=clock)
         self._reclaimer = Reclaimer(
             **common,
             assignment=self._assignment,
@@ -182,11 +182,12 @@ class Receiver:
             max_attempts=max_attempts,
             has_dead_letter_topic=dead_letter_topic is not None,
             wall_clock=wall_clock,
+            fencing=self._token if ordered else None,
         )
         self._dispatcher = Dispatcher(
             handler, done=self._handled, subscription=subscription.name, threads=handler_threads
         )
-        self._inventory.connect(self._dispatcher.start)
+        self._inventory.connect(self._start if ordered else self._dispatcher.start)
         share = max(1, -(-flow_control.max_messages // READ_SHARE))
         self._readers = [
             Reader(
@@ -382,6 +383,26 @@ class Receiver:
         )
 
     # --- between the parts -------------------------------------------------------
+    def _token(self, partition: int) -> int:
+        return self._owner.owned.get(partition, 0) if self._owner is not None else 0
+
+    def _start(self, messages: list[Message]) -> None:
+        """Start handlers on an ordered subscription, but only for messages taken
+        under their partition's current fencing token while it surely holds: the
+        others (the partition was lost, maybe owned again since) go back unseen;
+        their new owner has taken them over."""
+        owner = self._owner
+        assert owner is not None
+        while messages:
+            fenced = [m for m in messages if not owner.owns(m._partition, m._token)]
+            if not fenced:
+                self._dispatcher.start(messages)
+                return
+            self._dispatcher.start([m for m in messages if owner.owns(m._partition, m._token)])
+            messages = []
+            for message in fenced:  # each may let another start: no recursion
+                messages += self._settler.withdraw(message)
+
     def _deliver_reclaimed(self, items: Sequence[Reclaimed], grant: Grant) -> None:
         self._intake.reclaimed(items, grant)
 

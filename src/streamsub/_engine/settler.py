@@ -208,6 +208,19 @@ class Settler:
         )
         self._wake.set()
 
+    def withdraw(self, message: Message) -> list[Message]:
+        """Give back ``message``, let start but not started (its partition is no
+        longer ours): no handler saw it, so its delivery is not counted. Return
+        the messages that may start in its place."""
+        admitted = self._inventory.withdraw(message)
+        if admitted is None:
+            return []
+        self._nacks[message._partition].append(
+            NackItem(message._entry_id, 0, message._delivered_ms, message.delivery_attempt, False)
+        )
+        self._wake.set()
+        return admitted
+
     def release_entries(self, partition: int, entries: Sequence[tuple[str, int]]) -> None:
         """Give back entries read but never held, as (entry id, delivery count): their
         delivery is not counted."""
