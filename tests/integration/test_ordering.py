@@ -16,6 +16,7 @@ import pytest
 import redis
 
 import streamsub
+from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisServer
 from tests._wait import until
 
@@ -415,7 +416,10 @@ async def test_a_nack_during_a_hand_over_comes_back_and_the_partition_moves(
     message of a key there is nacked: it still comes back to this subscriber
     (which keeps sweeping the partition), the key's later messages follow in
     order, and then the partition moves."""
-    await _ordered(client, partitions=1, backoff=0.5)
+    await _ordered(client, partitions=2, backoff=0.5)
+    # The first subscriber owns both partitions; the newcomer's share is partition
+    # 1 (an owner keeps its lowest partitions up to its share): the key lives there.
+    key = next(k for k in (f"k{i}" for i in range(100)) if partition_for_key(k, 2) == 1)
     seen: list[tuple[int, int, str]] = []
 
     def recorder(name: str) -> Callable[[streamsub.Message], Any]:
@@ -431,13 +435,12 @@ async def test_a_nack_during_a_hand_over_comes_back_and_the_partition_moves(
     other = streamsub.connect(server.url)
     try:
         async with client.subscribe("billing", recorder("a"), consumer="a") as first:
-            await _publish_keys(client, "orders", ["k"], 10)
+            await _publish_keys(client, "orders", [key], 10)
             await until(lambda: bool(seen), 15, "the first message")
-            # "0" sorts before "a": the newcomer is the partition's rightful owner.
-            async with other.subscribe("billing", recorder("0"), consumer="0") as second:
+            async with other.subscribe("billing", recorder("b"), consumer="b") as second:
                 await until(lambda: len(seen) == 11, 30, "every message")
-                await until(lambda: second.statistics().partitions == (0,), 30, "the move")
-                assert first.statistics().partitions == ()
+                await until(lambda: second.statistics().partitions == (1,), 30, "the move")
+                assert first.statistics().partitions == (0,)
     finally:
         await other.aclose()
     assert [(index, attempt) for index, attempt, _ in seen] == [(0, 1), (0, 2)] + [
@@ -472,3 +475,51 @@ async def test_a_seek_while_a_keys_message_runs_does_not_stall_the_key(
     firsts = [index for index, _ in seen]
     assert firsts[:2] == [0, 0]
     assert firsts[2:] == [1, 2, 3, 4]
+
+
+async def test_partition_rights_are_sticky_as_members_join_leave_and_crash(
+    client: streamsub.Client,
+) -> None:
+    """Ownership heartbeats of several members of one ordered subscription, 16
+    partitions: a member that joins takes only its share (5 or 6 of 16 from two
+    members, not most partitions as a round robin over names would move), and a
+    member that leaves or crashes gives up only its own; each member that stays
+    keeps everything it owned, and the shares stay even."""
+    topic = await client.create_topic("sticky", partitions=16)
+    backend = client._backend
+
+    async def beat(member: str, lease_ms: int = 30_000) -> set[int]:
+        """Heartbeats of ``member`` until it has handed back what is another's."""
+        ownership = await backend.own_partitions(topic, "g", member, lease_ms)
+        if ownership.hand_back:
+            ownership = await backend.own_partitions(
+                topic, "g", member, lease_ms, release=sorted(ownership.hand_back)
+            )
+        return set(ownership.owned)
+
+    async def settle(*members: str) -> dict[str, set[int]]:
+        for _ in range(3):  # hand back, then take
+            owned = {m: await beat(m, 300 if m == "crashes" else 30_000) for m in members}
+        return owned
+
+    first = await settle("a", "b")
+    assert sorted(len(p) for p in first.values()) == [8, 8]
+    second = await settle("a", "b", "c")
+    assert sorted(len(p) for p in second.values()) == [5, 5, 6]
+    assert second["a"] <= first["a"]
+    assert second["b"] <= first["b"]  # each kept what it had, but for c's share
+    third = await settle("a", "b", "c", "crashes")
+    assert sorted(len(p) for p in third.values()) == [4, 4, 4, 4]
+    for member in "abc":
+        assert third[member] <= second[member]
+    await asyncio.sleep(0.4)  # "crashes" stops renewing: its 300-ms lease runs out
+    fourth = await settle("a", "b", "c")
+    assert sorted(len(p) for p in fourth.values()) == [5, 5, 6]
+    for member in "abc":
+        assert fourth[member] >= third[member]  # only the crashed member's moved
+    await backend.own_partitions(topic, "g", "c", 30_000, leave=True)
+    fifth = await settle("a", "b")
+    assert sorted(len(p) for p in fifth.values()) == [8, 8]
+    assert fifth["a"] >= fourth["a"]
+    assert fifth["b"] >= fourth["b"]
+    assert fifth["a"] | fifth["b"] == set(range(16))

@@ -3,9 +3,11 @@
 An unordered subscription's subscribers all read every partition (the most
 throughput). On an ordered subscription each partition is owned by one
 subscriber at a time, as a Kafka consumer group assigns them: members renew a
-lease in Redis every third of :data:`OWNERSHIP_LEASE`, partition ``p`` belongs
-by right to the ``p``-th live member (round robin over the names), and every
-new owner of a partition gets a larger fencing token.
+lease in Redis every third of :data:`OWNERSHIP_LEASE`; the rights are sticky
+(each member is due an even share and keeps what it owns up to it, see
+``own.lua``), so a join moves only the newcomer's share and a leave or crash
+only the leaver's; and every new owner of a partition gets a larger fencing
+token.
 
 - **Join**: the members that hold a newcomer's partitions stop reading them,
   let the messages they hold of them finish, then release them (cooperative);

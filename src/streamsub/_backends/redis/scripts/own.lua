@@ -1,10 +1,17 @@
 -- Partition ownership of an ordered subscription: one heartbeat of one member.
 --
--- Members are a sorted set (member -> expiry, server ms). Partition p belongs by
--- right to the p-th live member, round robin over the members sorted by name,
--- so every member computes the same assignment. The owners hash holds, per
--- partition, "<owner> <fencing token> <expiry ms>" and, under "t<p>", the last
--- token handed out for p: each new owner of p gets a larger token.
+-- Members are a sorted set (member -> expiry, server ms). The owners hash holds,
+-- per partition, "<owner> <fencing token> <expiry ms>" and, under "t<p>", the
+-- last token handed out for p: each new owner of p gets a larger token.
+--
+-- Which member a partition belongs to by right is sticky, as Kafka's
+-- cooperative-sticky assignor: with n live members each is due floor(P/n)
+-- partitions, or one more (the members owning most get the extras, ties by
+-- name). A live owner keeps its partitions up to what it is due (the lowest
+-- first); every other partition (free, its owner gone, or beyond its owner's
+-- due) goes to the members below their due, round robin by name. So a join
+-- moves only the newcomer's share and a leave or crash only the leaver's, and
+-- every member computes the same rights from the same state.
 --
 -- A member keeps (and extends) the partitions it owns until it releases them,
 -- also those that by right are another's now: it stops reading those, lets
@@ -38,18 +45,79 @@ else
 end
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
 table.sort(members)
+local n = #members
+local is_member = {}
+for _, m in ipairs(members) do
+  is_member[m] = true
+end
+
+-- Current owners, and how many live ones each member has.
+local fields = {}
+for p = 0, count - 1 do
+  fields[p + 1] = p
+end
+local values = redis.call('HMGET', KEYS[2], unpack(fields))
+local current, counts = {}, {}
+for p = 0, count - 1 do
+  local value = values[p + 1]
+  if value then
+    local owner, token, expiry = string.match(value, '^(.*) (%d+) (%d+)$')
+    expiry = tonumber(expiry)
+    current[p] = {owner, token, expiry}
+    if is_member[owner] and expiry >= now then
+      counts[owner] = (counts[owner] or 0) + 1
+    end
+  end
+end
+
+-- Rights (see above).
+local rights, due, kept = {}, {}, {}
+if n > 0 then
+  local by_load = {}
+  for i, m in ipairs(members) do
+    by_load[i] = m
+    kept[m] = 0
+  end
+  table.sort(by_load, function(a, b)
+    local ca, cb = counts[a] or 0, counts[b] or 0
+    if ca ~= cb then
+      return ca > cb
+    end
+    return a < b
+  end)
+  local base, extra = math.floor(count / n), count % n
+  for i, m in ipairs(by_load) do
+    due[m] = base + ((i <= extra) and 1 or 0)
+  end
+  for p = 0, count - 1 do
+    local c = current[p]
+    if c and is_member[c[1]] and c[3] >= now and kept[c[1]] < due[c[1]] then
+      rights[p] = c[1]
+      kept[c[1]] = kept[c[1]] + 1
+    end
+  end
+  local turn = 0
+  for p = 0, count - 1 do
+    if not rights[p] then
+      for _ = 1, n do
+        turn = turn % n + 1
+        local m = members[turn]
+        if kept[m] < due[m] then
+          rights[p] = m
+          kept[m] = kept[m] + 1
+          break
+        end
+      end
+    end
+  end
+end
 
 local owned, give, waiting = {}, {}, 0
 for p = 0, count - 1 do
-  local rightful = nil
-  if #members > 0 then
-    rightful = members[(p % #members) + 1]
-  end
+  local rightful = rights[p]
   local owner, token, expiry = nil, nil, 0
-  local current = redis.call('HGET', KEYS[2], p)
-  if current then
-    owner, token, expiry = string.match(current, '^(.*) (%d+) (%d+)$')
-    expiry = tonumber(expiry)
+  if current[p] then
+    owner, token, expiry = current[p][1], current[p][2], current[p][3]
   end
   if owner == me then
     if leaving or release[p] then
