@@ -695,6 +695,39 @@ def dead_letters_show(
     out.print(grid)
 
 
+_COUNT_LIMIT = 10_000
+"""Dead letters counted at most for a confirmation question."""
+
+
+def _confirm_dead_letters(
+    action: str, subscription: str, ids: list[str] | None, yes: bool, url: str
+) -> None:
+    """Ask before ``action`` touches the subscription's dead letters, saying how many
+    (all of them, or those of ``ids`` that exist); with none, say so and stop."""
+    if yes:
+        return
+
+    async def main() -> int:
+        async with streamsub.connect(url, trim_in_background=False) as client:
+            if not ids:
+                return len(await client.list_dead_letters(subscription, limit=_COUNT_LIMIT))
+            found = 0
+            for message_id in dict.fromkeys(ids):
+                try:
+                    await client.get_dead_letter(subscription, message_id)
+                except NotFoundError:
+                    continue
+                found += 1
+            return found
+
+    count = run(main())
+    if count == 0:
+        err.print(f"no such dead letters of {subscription}; nothing done")
+        raise typer.Exit(0)
+    many = f"at least {count:,}" if count >= _COUNT_LIMIT else f"{count:,}"
+    _confirm(action.format(count=many), yes)
+
+
 @dead_letter_app.command("replay")
 def dead_letters_replay(
     subscription: str,
@@ -706,9 +739,12 @@ def dead_letters_replay(
     url: Url = streamsub.DEFAULT_URL,
 ) -> None:
     """Publish dead letters again (to their source topic, or --to), then delete them."""
-    which = "the chosen" if ids else "all"
-    _confirm(
-        f"replay {which} dead letters of {subscription!r} to {to or 'their source topic'}?", yes
+    _confirm_dead_letters(
+        f"replay {{count}} dead letters of {subscription!r} to {to or 'their source topic'}?",
+        subscription,
+        ids,
+        yes,
+        url,
     )
 
     async def main() -> int:
@@ -724,8 +760,9 @@ def dead_letters_purge(
     subscription: str, ids: Ids = None, yes: Yes = False, url: Url = streamsub.DEFAULT_URL
 ) -> None:
     """Delete dead letters for good."""
-    which = "the chosen" if ids else "all"
-    _confirm(f"delete {which} dead letters of {subscription!r} for good?", yes)
+    _confirm_dead_letters(
+        f"delete {{count}} dead letters of {subscription!r} for good?", subscription, ids, yes, url
+    )
 
     async def main() -> int:
         async with streamsub.connect(url) as client:

@@ -134,8 +134,8 @@ def test_seek_and_snapshot_commands(cli: Any, server: RedisServer) -> None:
 
 
 def test_dead_letter_commands(cli: Any, server: RedisServer) -> None:
-    """Dead letters are listed with metadata, purged only after confirmation, and
-    replayed with a count."""
+    """Dead letters are listed with metadata, purged and replayed only after a
+    confirmation that says how many, and each reports its count."""
 
     async def setup(client: streamsub.Client) -> None:
         await client.create_topic("orders", partitions=3)
@@ -162,12 +162,19 @@ def test_dead_letter_commands(cli: Any, server: RedisServer) -> None:
 
     refused = cli("dead-letters", "purge", "billing", input="n\n")
     assert refused.exit_code == 1
+    assert "delete 9 dead letters of 'billing' for good?" in refused.stderr
     assert len(json.loads(cli("dead-letters", "list", "billing", "--json").stdout)) == 9
-    purged = cli("dead-letters", "purge", "billing", "--id", listed[0]["id"], input="y\n")
+    chosen = ["--id", listed[0]["id"], "--id", "0-1-0"]  # one of them does not exist
+    purged = cli("dead-letters", "purge", "billing", *chosen, input="y\n")
+    assert "delete 1 dead letters" in purged.stderr
     assert "purged 1 " in purged.stdout
+    asked = cli("dead-letters", "replay", "billing", "--to", "orders", input="n\n")
+    assert "replay 8 dead letters of 'billing' to orders?" in asked.stderr
     replayed = cli("dead-letters", "replay", "billing", "--yes")
     assert "replayed 8 " in replayed.stdout
     assert json.loads(cli("dead-letters", "list", "billing", "--json").stdout) == []
+    nothing = cli("dead-letters", "purge", "billing")  # asks nothing: there is nothing
+    assert (nothing.exit_code, "nothing done" in nothing.stderr) == (0, True)
 
 
 def test_stats_watch_prints_fresh_figures_until_stopped(

@@ -371,3 +371,28 @@ async def test_a_user_without_info_still_connects_and_trims(
         assert all(int(redis_client.xlen(_stream("orders", p))) <= 5 for p in range(2))
     finally:
         redis_client.acl_deluser("no-info")
+
+
+async def test_deleting_a_subscription_that_was_behind_lets_the_stream_shrink(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """A subscription behind holds every partition back; once it is deleted the next
+    pass shrinks every partition to the policy (on Redis 8.2.3, XTRIM … ACKED
+    alone kept the deleted group's position cached and trimmed nothing more)."""
+    await client.create_topic(
+        "orders", partitions=PARTITIONS, retention=streamsub.Retention(max_length=100)
+    )
+    await client.create_subscription("slow", topic="orders", start="earliest")
+    await client.create_subscription("fast", topic="orders", start="earliest")
+    await _fill(client, "orders", 1000)
+    for p, ids in _read(redis_client, "orders", "fast", 1000).items():
+        redis_client.xack(_stream("orders", p), "fast", *ids)
+    _read(redis_client, "orders", "slow", 30)
+
+    result = await client.enforce_retention("orders")
+
+    assert (result.trimmed, result.dropped_unacked) == (0, 0)
+    await client.delete_subscription("slow")
+    result = await client.enforce_retention("orders")
+    assert [t.trimmed for t in result.partitions] == [900] * PARTITIONS
+    assert _lengths(redis_client, "orders") == [100] * PARTITIONS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime
 import time
 from collections.abc import AsyncIterator
@@ -344,3 +345,60 @@ async def test_a_seek_settles_many_pending_in_bounded_steps_and_spares_later_del
     for p in range(PARTITIONS):
         pending = redis_client.xpending_range(_stream("orders", p), "billing", "-", "+", 100)
         assert [e["message_id"] for e in pending] == late[p]
+
+
+async def test_a_seek_back_over_parked_nacks_delivers_each_once_to_two_subscribers(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """Messages nacked with a backoff longer than the ack deadline (parked in the
+    delay set), then a seek back: two subscribers handle each exactly once, and
+    the old delay coming due meanwhile takes none from under its handler."""
+    await client.create_topic("orders", partitions=PARTITIONS)
+    await client.create_subscription(
+        "billing",
+        topic="orders",
+        ack_deadline=1,
+        retry_policy=streamsub.RetryPolicy(minimum_backoff=2, maximum_backoff=2),
+    )
+    ids = await _publish(client, 10, "m")
+    nacked: set[str] = set()
+
+    async def nack(message: streamsub.Message) -> None:
+        nacked.add(message.message_id)
+        message.nack()
+
+    async with client.subscribe("billing", nack, ack_mode="manual"):
+        await until(lambda: len(nacked) == len(ids), 20, "every message nacked")
+    parked = sum(
+        c["pending"]
+        for p in range(PARTITIONS)
+        for c in redis_client.xinfo_consumers(_stream("orders", p), "billing")
+        if c["name"] == b"streamsub.delayed"
+    )
+    assert parked == len(ids)
+    await client.seek("billing", to="earliest")
+    handled: collections.Counter[str] = collections.Counter()
+
+    async def slow(message: streamsub.Message) -> None:
+        handled[message.message_id] += 1
+        await asyncio.sleep(3)  # past the moment the old 2-s backoff comes due
+
+    async with (
+        client.subscribe("billing", slow, consumer="a"),
+        client.subscribe("billing", slow, consumer="b"),
+    ):
+        await until(
+            lambda: len(handled) == len(ids) and _pending(redis_client) == 0,
+            30,
+            "every message handled and acknowledged",
+        )
+    assert set(handled) == set(ids)
+    assert [i for i, n in handled.items() if n > 1] == []
+
+
+def _pending(redis_client: redis.Redis) -> int:
+    """Pending entries of billing over every partition."""
+    return sum(
+        int(redis_client.xpending(_stream("orders", p), "billing")["pending"])
+        for p in range(PARTITIONS)
+    )

@@ -13,7 +13,8 @@
 -- Nacks delayed past min-idle wait parked under the consumer
 -- 'streamsub.delayed' (see nack.lua): the scan passes over them by name, at no
 -- cost per entry; on a sweep's first call the due ones are read from the delay
--- set (ZRANGEBYSCORE up to now) and taken. An entry idle under another consumer
+-- set (ZRANGEBYSCORE up to now) and taken while still parked (after a seek
+-- back a reader may hold one again: its delay is stale and dropped). An entry idle under another consumer
 -- is checked against the delay set (one ZSCORE), for entries delayed by older
 -- versions. The scan reads up to max(count, 100) pending entries a call, so
 -- entries passed over do not cost a round trip each when count is small.
@@ -62,7 +63,10 @@ if start == '-' then
     if not skip[id] then
       redis.call('ZREM', delays, id)
       local p = redis.call('XPENDING', key, group, id, id, 1)[1]
-      if p then take(id, p[3], p[4]) end
+      -- Only while still parked (or idle past min-idle: a delay of an older
+      -- version): after a seek back a reader may hold the entry again, and a
+      -- stale delay must not take it from under its running handler.
+      if p and (p[2] == PARKED or p[3] >= min_idle) then take(id, p[3], p[4]) end
     end
   end
 end

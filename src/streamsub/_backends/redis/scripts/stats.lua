@@ -36,15 +36,15 @@ for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
   local after = redis.call('XRANGE', key, '(' .. ld, '+', 'COUNT', 1)
   local first_undelivered = ''
   if #after > 0 then first_undelivered = after[1][1] end
+  -- Exact where the stream says so before the server's lag: after a hard cap
+  -- trimmed entries the group never read, Redis 7.0 still counts them in lag.
   local backlog = g['lag']
-  if type(backlog) ~= 'number' then
-    if first_undelivered == '' then
-      backlog = 0
-    elseif first_undelivered == first_entry[1][1] then
-      backlog = length  -- nothing left in the stream was delivered yet: exact
-    else
-      backlog = #redis.call('XRANGE', key, '(' .. ld, '+', 'COUNT', backlog_cap)
-    end
+  if first_undelivered == '' then
+    backlog = 0
+  elseif first_undelivered == first_entry[1][1] then
+    backlog = length  -- nothing left in the stream was delivered yet: exact
+  elseif type(backlog) ~= 'number' then
+    backlog = #redis.call('XRANGE', key, '(' .. ld, '+', 'COUNT', backlog_cap)
   end
   local first_pending, consumers, attempts = '', {}, {}
   if g['pending'] > 0 then

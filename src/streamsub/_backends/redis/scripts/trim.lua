@@ -47,6 +47,16 @@ for _, raw in ipairs(redis.call('XINFO', 'GROUPS', key)) do
 end
 local server_decides = acked and not drop and #groups > 0
 
+-- The groups' safe point (nil without groups): below it every group has
+-- acknowledged every entry.
+local safe = nil
+for _, g in ipairs(groups) do
+  safe = lower(safe, successor(g['last-delivered-id']))
+  if tonumber(g['pending']) > 0 then
+    safe = lower(safe, redis.call('XPENDING', key, g['name'])[2])
+  end
+end
+
 -- The upper bound: nothing at or above it goes (nil = no bound).
 local upper = nil
 if not drop then
@@ -61,14 +71,7 @@ if not drop then
     end
   end
   if floor ~= '' then upper = lower(upper, floor) end
-  if not server_decides then
-    for _, g in ipairs(groups) do
-      upper = lower(upper, successor(g['last-delivered-id']))
-      if tonumber(g['pending']) > 0 then
-        upper = lower(upper, redis.call('XPENDING', key, g['name'])[2])
-      end
-    end
-  end
+  if not server_decides then upper = lower(upper, safe) end
 end
 
 -- The victims: the oldest entries that are beyond the policy (too old, or
@@ -92,6 +95,11 @@ local first, last = victims[1][1], victims[#victims][1]
 if server_decides then
   -- Bounded by this step's victims, so one step deletes at most `batch`.
   local n = redis.call('XTRIM', key, 'MINID', '=', successor(last), 'ACKED')
+  -- Redis 8.2.3 and older keep a destroyed group's last delivered id cached
+  -- (redis/redis#14552), so ACKED may keep entries that every remaining group
+  -- has acknowledged, on that stream for good: below the safe point read
+  -- here they go anyway.
+  n = n + redis.call('XTRIM', key, 'MINID', '=', lower(successor(last), safe))
   local more = 0
   if #victims == batch and n > 0 then more = 1 end
   return {n, 0, more}
