@@ -275,33 +275,46 @@ async def test_a_handler_past_max_lease_duration_loses_its_message(
     client: streamsub.Client, how: str
 ) -> None:
     """Past max_lease_duration (FlowControl's, or subscribe's deprecated argument,
-    which warns) a message is no longer extended, and another subscriber receives
-    it (delivery_attempt 2)."""
+    which warns) a message whose handler still runs is given up, as Pub/Sub's
+    clients do: it no longer counts against flow control (max_messages=1 lets the
+    next message start), it is delivered again (delivery_attempt 2) even to the
+    only subscriber, and the late ack of the first handler settles nothing."""
     await client.create_topic("stuck")
     await client.create_subscription("stuck-sub", topic="stuck", ack_deadline=1.0)
-    seen: list[tuple[str, int]] = []
+    seen: list[tuple[bytes, int]] = []
+    release = {1: asyncio.Event(), 2: asyncio.Event()}
 
     async def stuck(message: streamsub.Message) -> None:
-        seen.append(("stuck", message.delivery_attempt))
-        await asyncio.sleep(4.0)
-
-    async def other(message: streamsub.Message) -> None:
-        seen.append(("other", message.delivery_attempt))
+        seen.append((message.data, message.delivery_attempt))
+        if message.data == b"m":
+            await release[message.delivery_attempt].wait()  # then acks (auto)
 
     if how == "FlowControl":
-        flow = streamsub.FlowControl(max_lease_duration=1.5)
+        flow = streamsub.FlowControl(max_messages=1, max_lease_duration=1.5)
         subscriber = client.subscribe("stuck-sub", stuck, consumer="stuck", flow_control=flow)
     else:
         with pytest.warns(DeprecationWarning, match="FlowControl"):
             subscriber = client.subscribe(
-                "stuck-sub", stuck, consumer="stuck", max_lease_duration=1.5
+                "stuck-sub",
+                stuck,
+                consumer="stuck",
+                flow_control=streamsub.FlowControl(max_messages=1),
+                max_lease_duration=1.5,
             )
     async with subscriber:
         await client.publish("stuck", b"m")
-        await until(lambda: bool(seen), 5, "the first delivery")
-        async with client.subscribe("stuck-sub", other, consumer="other"):
-            await until(lambda: len(seen) == 2, 6, "the redelivery")
-    assert seen == [("stuck", 1), ("other", 2)]
+        await client.publish("stuck", b"next")
+        await until(lambda: (b"m", 2) in seen, 8, "the redelivery")
+        assert (b"next", 1) in seen, "a given-up message still counted against flow control"
+        assert subscriber.statistics().expired == 1
+        release[1].set()  # the first handler returns: its ack must settle nothing
+        await until(lambda: subscriber.statistics().running == 1, 5, "the first handler")
+        await asyncio.sleep(0.3)  # an ack would be sent by now
+        assert (await client.subscription_stats("stuck-sub")).pending == 1
+        release[2].set()
+        await until(lambda: subscriber.statistics().flow.outstanding_messages == 0, 5, "the acks")
+    assert sorted(seen) == [(b"m", 1), (b"m", 2), (b"next", 1)]
+    assert (await client.subscription_stats("stuck-sub")).pending == 0
 
 
 async def test_modify_ack_deadline_zero_redelivers_at_once(client: streamsub.Client) -> None:

@@ -523,3 +523,34 @@ async def test_partition_rights_are_sticky_as_members_join_leave_and_crash(
     assert fifth["a"] >= fourth["a"]
     assert fifth["b"] >= fourth["b"]
     assert fifth["a"] | fifth["b"] == set(range(16))
+
+
+async def test_a_handler_past_its_lease_gives_its_key_to_the_redelivery(
+    client: streamsub.Client,
+) -> None:
+    """On an ordered subscription, a handler that hangs past max_lease_duration does
+    not hold its key for good: the message is given up and delivered again, the
+    key's later messages follow that redelivery in order, and the other keys flow
+    meanwhile; the hung handler's late ack settles nothing."""
+    await _ordered(client, partitions=4, ack_deadline=1.0)
+    keys = [f"key-{k}" for k in range(8)]
+    seen: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    release = asyncio.Event()
+
+    async def handle(message: streamsub.Message) -> None:
+        key = message.ordering_key or ""
+        seen[key].append((_index(message), message.delivery_attempt))
+        if key == "key-0" and _index(message) == 3 and message.delivery_attempt == 1:
+            await release.wait()
+
+    flow = streamsub.FlowControl(max_lease_duration=1.5)
+    async with client.subscribe("billing", handle, flow_control=flow) as subscriber:
+        await _publish_keys(client, "orders", keys, 20)
+        await until(lambda: all(len(seen[k]) == 20 for k in keys[1:]), 10, "the other keys")
+        assert [n for n, _ in seen["key-0"]] == [0, 1, 2, 3], "key-0 ran past its hung message"
+        await until(lambda: len(seen["key-0"]) == 21, 10, "key-0 after the redelivery")
+        assert subscriber.statistics().expired == 1
+        release.set()
+        await until(lambda: subscriber.statistics().flow.outstanding_messages == 0, 5, "acks")
+    assert seen["key-0"] == [(n, 1) for n in range(4)] + [(3, 2)] + [(n, 1) for n in range(4, 20)]
+    assert (await client.subscription_stats("billing")).pending == 0

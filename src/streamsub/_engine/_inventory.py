@@ -40,6 +40,7 @@ class Counters:
     dead_lettered: int = 0
     lost: int = 0
     handler_errors: int = 0
+    expired: int = 0
 
 
 class Inventory:
@@ -180,6 +181,32 @@ class Inventory:
                 self.blocking[key] = message.ordering_key
         self._room.set()
         return admitted
+
+    def expire(self, key: Key) -> Message | None:
+        """The lease of ``key`` ended (``max_lease_duration``, or the end
+        ``modify_ack_deadline`` set). A message whose handler runs is given up, as
+        Pub/Sub's clients drop it: it no longer counts against flow control, its
+        late ack or nack settles nothing, and it may be delivered again, here too;
+        on an ordered subscription its key waits for that redelivery. Return it.
+        One that waits for its turn (or for room) keeps waiting, leased anew."""
+        message = self.held.get(key)
+        if message is None:
+            return None
+        if not message._started:
+            self.leases.add(key, self._clock())
+            return None
+        del self.held[key]
+        admitted = self.flow.finished(message._size, started=True)
+        if self.order is not None and message.ordering_key:
+            at = position(message._entry_id)
+            after = self.order.done(message.ordering_key, at, settled=False)
+            admitted += self.flow.admit_later([(m, m._size) for m in after])
+            if self.order.blocked_on(message.ordering_key) is not None:
+                self.blocking[key] = message.ordering_key
+        self._room.set()
+        if admitted:
+            self._start(admitted)
+        return message
 
     def unblock(self, partition: int, entry_id: str) -> None:
         """The entry that blocks an ordering key was settled without coming back here

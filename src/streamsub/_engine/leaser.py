@@ -2,8 +2,9 @@
 
 Three times per ack deadline it resets the idle time of every held message
 whose lease has not ended (owner-checked, so a message another subscriber has
-taken meanwhile is dropped from the book, never taken back). It keeps running
-while handlers finish at shutdown.
+taken meanwhile is dropped from the book, never taken back). A message whose
+handler runs past its lease is given up (``Inventory.expire``). It keeps
+running while handlers finish at shutdown.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 
 from .._backends.base import Backend, TopicRecord
 from .._errors import NotFoundError, StreamsubError
-from ._inventory import Inventory
+from ._inventory import Counters, Inventory
 from ._retrying import raise_if_cancelled
 
 __all__ = ["Leaser"]
@@ -33,12 +34,14 @@ class Leaser:
         group: str,
         consumer: str,
         inventory: Inventory,
+        counters: Counters,
     ) -> None:
         self._backend = backend
         self._topic = topic
         self._group = group
         self._consumer = consumer
         self._inventory = inventory
+        self._counters = counters
 
     async def run(self) -> None:
         leases = self._inventory.leases
@@ -51,13 +54,15 @@ class Leaser:
         """Extend every lease that is due; forget those that ended or were lost."""
         leases = self._inventory.leases
         due = leases.due(self._inventory.now())
-        for partition, entry_id in due.expired:
+        for key in due.expired:
+            if self._inventory.expire(key) is None:
+                continue  # settled meanwhile, or still waiting to start (leased anew)
+            self._counters.expired += 1
             log.warning(
-                "streamsub: message %s-%s of %r passed its lease (max_lease_duration or "
-                "modify_ack_deadline); it is no longer extended and another subscriber "
-                "may receive it",
-                partition,
-                entry_id,
+                "streamsub: the handler of message %s-%s of %r ran past its lease "
+                "(max_lease_duration or modify_ack_deadline); the message is given up "
+                "and will be delivered again, and its ack or nack will settle nothing",
+                *key,
                 self._group,
             )
         if not due.extend:

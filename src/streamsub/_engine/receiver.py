@@ -106,6 +106,9 @@ class ReceiverStatistics:
     owned: dict[int, int] = dataclasses.field(default_factory=dict)
     """Ordered subscriptions: the partitions this subscriber owns, and their
     fencing tokens."""
+    expired: int = 0
+    """Messages whose handler ran past their lease (``max_lease_duration`` or
+    ``modify_ack_deadline``): given up, to be delivered again."""
 
 
 class Receiver:
@@ -199,7 +202,7 @@ class Receiver:
             )
             for i in range(1 if ordered else READERS)
         ]
-        self._leaser = Leaser(**common)
+        self._leaser = Leaser(**common, counters=self._counters)
         self._owner: PartitionOwner | None = None
         if ordered:
             self._owner = PartitionOwner(
@@ -380,6 +383,7 @@ class Receiver:
             held_for_order=order.waiting if (order := self._inventory.order) else 0,
             partitions=tuple(self._assignment.partitions),
             owned=dict(self._owner.owned) if self._owner is not None else {},
+            expired=c.expired,
         )
 
     # --- between the parts -------------------------------------------------------
