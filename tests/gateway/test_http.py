@@ -113,9 +113,9 @@ def test_rest_errors_are_googles_json(http: httpx.Client, project: str) -> None:
     garbage = http.post(f"/v1/{topic}:publish", content=b"{not json")
     assert garbage.status_code == 400
     assert http.get("/v2/nothing").status_code == 404
-    seek = http.post(f"/v1/projects/{project}/subscriptions/billing:seek", json={})
-    assert seek.status_code == 501
-    assert seek.json()["error"]["status"] == "UNIMPLEMENTED"
+    push = http.post(f"/v1/projects/{project}/subscriptions/billing:modifyPushConfig", json={})
+    assert push.status_code == 501
+    assert push.json()["error"]["status"] == "UNIMPLEMENTED"
 
 
 def _frame(payload: bytes) -> bytes:

@@ -209,6 +209,20 @@ class Adapter:
         if table is not None:
             await table.close()
 
+    async def sought(self, name: str) -> None:
+        """The subscription ``name`` was sought: what this process's streams hold
+        of it no longer stands (the seek acknowledged it, or it is delivered
+        again), so free their flow-control room and stop extending those
+        leases now, and sweep at once for what a snapshot seek made pending."""
+        self.forget(name)
+        table = self._tables.get(name)
+        if table is not None:
+            table.clear()
+        now = self._clock()
+        for puller in self._pullers:
+            if puller.view.name == name:
+                puller.restart_sweep(now)
+
     def _table(self, view: SubscriptionView) -> _LeaseTable:
         table = self._tables.get(view.name)
         if table is None:
@@ -461,6 +475,10 @@ class _LeaseTable:
         if delivery is not None:
             delivery.lease_end, delivery.set_at, delivery.final = lease_end, now, final
 
+    def clear(self) -> None:
+        for key in list(self._deliveries):
+            self.drop(key)
+
     def drop(self, key: _Key) -> None:
         delivery = self._deliveries.pop(key, None)
         if delivery is not None and delivery.owner is not None:
@@ -558,6 +576,11 @@ class Puller:
 
     def sweep_by(self, moment: float) -> None:
         """Look for reclaimable entries no later than ``moment`` (monotonic)."""
+        self._next_sweep = min(self._next_sweep, moment)
+
+    def restart_sweep(self, moment: float) -> None:
+        """Sweep every partition from the start, no later than ``moment``."""
+        self._cursors = {}
         self._next_sweep = min(self._next_sweep, moment)
 
     def released(self, delivery: _Delivery) -> None:

@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
 from .._backends.base import Backend
 from .._client import Client, Subscription
-from .._errors import NotFoundError, StreamsubError
+from .._core.seek import Snapshot
+from .._errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    StreamsubError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
+)
 from .._message import OutgoingMessage
 from .._settings import DEFAULT_MAX_DELIVERY_ATTEMPTS, RetryPolicy
 from ._adapter import Adapter, Puller, Received, SubscriptionView
@@ -431,6 +439,134 @@ class PubSubService:
         if size <= 0 or len(names) <= size:
             return names, ""
         return names[:size], names[size - 1]
+
+    # --- Subscriber: seek and snapshots ----------------------------------------
+    def _snapshot_message(self, snapshot: Snapshot) -> Any:
+        message = pb.Snapshot(
+            name=from_native(snapshot.name, "snapshots") or snapshot.name,
+            topic=from_native(snapshot.topic, "topics") or snapshot.topic,
+        )
+        message.expire_time.FromDatetime(snapshot.expires)
+        return message
+
+    @staticmethod
+    def _no_labels(labels: Any) -> None:
+        if labels:
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                "Snapshot labels are not kept by the streamsub gateway: create or update the "
+                "snapshot without labels.",
+            )
+
+    async def Seek(self, request: Any) -> Any:
+        native = self._native(request.subscription, "subscriptions")
+        target = request.WhichOneof("target")
+        to: datetime.datetime | str
+        if target == "time":
+            to = request.time.ToDatetime(tzinfo=datetime.UTC)
+        elif target == "snapshot":
+            to = self._native(request.snapshot, "snapshots")
+        else:
+            raise RpcError(Code.INVALID_ARGUMENT, "A seek needs a target: a time or a snapshot.")
+        try:
+            await self.client.seek(native, to=to)
+        except SubscriptionNotFoundError:
+            raise not_found(request.subscription) from None
+        except TopicNotFoundError:
+            raise RpcError(
+                Code.FAILED_PRECONDITION,
+                f"The subscription's topic was deleted (subscription={request.subscription}).",
+            ) from None
+        except NotFoundError:
+            raise not_found(request.snapshot) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+        await self.adapter.sought(native)
+        return pb.SeekResponse()
+
+    async def CreateSnapshot(self, request: Any) -> Any:
+        native = self._native(request.name, "snapshots")
+        subscription = self._native(request.subscription, "subscriptions")
+        self._no_labels(request.labels)
+        try:
+            snapshot = await self.client.create_snapshot(native, subscription)
+        except SubscriptionNotFoundError:
+            raise not_found(request.subscription) from None
+        except TopicNotFoundError:
+            raise RpcError(
+                Code.FAILED_PRECONDITION,
+                f"The subscription's topic was deleted (subscription={request.subscription}).",
+            ) from None
+        except AlreadyExistsError:
+            raise already_exists(request.name) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+        return self._snapshot_message(snapshot)
+
+    async def _snapshot(self, resource: str) -> Snapshot:
+        native = self._native(resource, "snapshots")
+        try:
+            return await self.client.get_snapshot(native)
+        except NotFoundError:
+            raise not_found(resource) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+
+    async def GetSnapshot(self, request: Any) -> Any:
+        return self._snapshot_message(await self._snapshot(request.snapshot))
+
+    async def ListSnapshots(self, request: Any) -> Any:
+        prefix = self._project(request.project)
+        snapshots = {s.name: s for s in await self.client.list_snapshots()}
+        names = sorted(n for n in snapshots if n.startswith(prefix))
+        page, token = self._page(names, request.page_size, request.page_token)
+        return pb.ListSnapshotsResponse(
+            snapshots=[self._snapshot_message(snapshots[n]) for n in page], next_page_token=token
+        )
+
+    async def ListTopicSnapshots(self, request: Any) -> Any:
+        native = self._native(request.topic, "topics")
+        await self._topic_exists(request.topic, native)
+        names = sorted(s.name for s in await self.client.list_snapshots() if s.topic == native)
+        page, token = self._page(names, request.page_size, request.page_token)
+        return pb.ListTopicSnapshotsResponse(
+            snapshots=[from_native(n, "snapshots") or n for n in page], next_page_token=token
+        )
+
+    async def UpdateSnapshot(self, request: Any) -> Any:
+        wanted = request.snapshot
+        paths = set(request.update_mask.paths)
+        if not paths:
+            raise RpcError(Code.INVALID_ARGUMENT, "The update_mask in the request is empty.")
+        unsupported = paths - {"labels", "expire_time"}
+        if unsupported:
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                "Invalid update_mask provided in the UpdateSnapshotRequest: a snapshot has "
+                f"labels and expire_time, not {', '.join(sorted(unsupported))}.",
+            )
+        snapshot = await self._snapshot(wanted.name)
+        if "labels" in paths:
+            self._no_labels(wanted.labels)
+        if "expire_time" in paths:
+            asked = wanted.expire_time.ToDatetime(tzinfo=datetime.UTC)
+            if abs((asked - snapshot.expires).total_seconds()) >= 1:
+                raise RpcError(
+                    Code.INVALID_ARGUMENT,
+                    "A streamsub snapshot expires seven days after it was created "
+                    f"({snapshot.expires.isoformat()}); its expire_time cannot be changed.",
+                )
+        return self._snapshot_message(snapshot)
+
+    async def DeleteSnapshot(self, request: Any) -> Any:
+        native = self._native(request.snapshot, "snapshots")
+        try:
+            await self.client.delete_snapshot(native)
+        except NotFoundError:
+            raise not_found(request.snapshot) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+        return Empty()
 
     # --- Subscriber: data ------------------------------------------------------
     def _received(self, view: SubscriptionView, items: Sequence[Received]) -> list[Any]:
