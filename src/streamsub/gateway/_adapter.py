@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
+from .. import metrics
 from .._backends.base import (
     Backend,
     Entry,
@@ -268,6 +269,8 @@ class Adapter:
             return failed
         acked = await self._backend.ack_deliveries(view.topic, view.name, by_partition)
         done = {(p, i) for p, ids in acked.items() for i in ids}
+        if done:
+            metrics.on_acked(view.name, len(done))
         table = self._tables.get(view.name)
         for key, ids in named.items():
             if key in done:
@@ -355,6 +358,8 @@ class Adapter:
                 view.topic, view.name, consumer, by_partition, deadline_ms
             )
             done = {(p, i) for p, ids in owned.items() for i in ids}
+            if done:
+                metrics.on_nacked(view.name, len(done))
             for partition, entries in by_partition.items():
                 for entry_id, *_ in entries:
                     ids = named[(consumer, partition, entry_id)]
@@ -557,6 +562,10 @@ class _LeaseTable:
         self.view = view
         self._deliveries: dict[_Key, _Delivery] = {}
         self._task: asyncio.Task[None] | None = None
+        self._unwatch = metrics.watch_in_flight(view.name, self.__len__)
+
+    def __len__(self) -> int:
+        return len(self._deliveries)
 
     def get(self, key: _Key) -> _Delivery | None:
         return self._deliveries.get(key)
@@ -608,6 +617,7 @@ class _LeaseTable:
             delivery.owner.released(delivery)
 
     async def close(self) -> None:
+        self._unwatch()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -877,6 +887,7 @@ class Puller:
                     item.last_delivery_ms,
                 )
             else:
+                metrics.on_lost(view.name)
                 log.warning(
                     "streamsub gateway: entry %s-%s of %r was trimmed before anyone acked it",
                     item.entry.partition,
@@ -915,7 +926,7 @@ class Puller:
             target_partition = partition_for_key(encoded.ordering_key, target.partitions)
         else:
             target_partition = entry.partition % target.partitions
-        await self._adapter._backend.dead_letter(
+        moved = await self._adapter._backend.dead_letter(
             view.topic,
             view.name,
             self.consumer,
@@ -927,7 +938,9 @@ class Puller:
             first_ms,
             last_ms,
         )
-        self.dead_lettered += 1
+        if moved is not None:  # None: not this consumer's any more, nothing written
+            self.dead_lettered += 1
+            metrics.on_dead_lettered(view.name)
 
     async def _accept(self, entries: list[Entry], first_ms: list[int] | None) -> list[Received]:
         view = self.view
@@ -973,6 +986,9 @@ class Puller:
                     delivery_attempt=entry.delivery_count,
                 )
             )
+        if received:
+            again = sum(1 for item in received if item.delivery_attempt > 1)
+            metrics.on_delivered(view.name, len(received), redelivered=again)
         return received
 
     async def _undecodable(self, entry: Entry, reason: str, first_ms: int) -> None:
