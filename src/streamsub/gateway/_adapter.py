@@ -420,6 +420,10 @@ class Adapter:
         return puller
 
     def _holds(self, name: str, partition: int) -> bool:
+        """Whether this process has deliveries of ``partition`` out, or a read of it
+        under way (whose entries are not in the lease table yet)."""
+        if any(partition in puller.reading for puller in self._users.get(name, ())):
+            return True
         table = self._tables.get(name)
         return table is not None and table.holds(partition)
 
@@ -689,6 +693,8 @@ class Puller:
         self.view = view
         self.stream = stream
         self.last_pull = adapter._clock()
+        self.reading: frozenset[int] = frozenset()
+        """Partitions a read of this puller is waiting on now."""
         self.consumer = consumer
         self.max_messages = max_messages
         self.max_bytes = max_bytes
@@ -791,6 +797,15 @@ class Puller:
         return await self._accept(entries, None)
 
     async def _read(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
+        # Partitions under read count as held: an ordered partition is not handed
+        # over while entries read from it are on their way into the lease table.
+        self.reading = frozenset(partitions)
+        try:
+            return await self._read_some(partitions, budget, block_ms)
+        finally:
+            self.reading = frozenset()
+
+    async def _read_some(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
         view = self.view
         entries: list[Entry] = []
         block = block_ms
