@@ -201,3 +201,66 @@ def test_two_gateway_processes_share_an_ordered_subscription_and_take_over(
         for gateway in processes:
             if gateway.process.poll() is None:
                 gateway.process.kill()
+
+
+def test_unary_pull_of_an_ordered_subscription_on_two_gateways(
+    server: RedisServer, project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unary Pull of an ordered subscription through two gateway processes: each
+    key's messages come from one gateway only, in publish order, until acked."""
+    port_a, port_b = _free_port(), _free_port()
+    a, b = GatewayProcess(server.url, port_a), GatewayProcess(server.url, port_b)
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{port_b}")
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=PublisherOptions(enable_message_ordering=True)
+    )
+    clients = {"a": _subscriber(f"127.0.0.1:{port_a}"), "b": _subscriber(f"127.0.0.1:{port_b}")}
+    topic = f"projects/{project}/topics/orders"
+    name = f"projects/{project}/subscriptions/billing"
+    native = f"{project}~billing"
+    try:
+        publisher.create_topic(name=topic)
+        clients["b"].create_subscription(
+            request={"name": name, "topic": topic, "enable_message_ordering": True}
+        )
+        for client in clients.values():  # both join the ownership
+            client.pull(subscription=name, max_messages=1)
+        pids = {str(a.process.pid), str(b.process.pid)}
+        wait_for(
+            lambda: set(_owners(server.url, native).values()) == pids,
+            60,
+            "both gateways to own partitions",
+        )
+        keys, per_key = 20, 30
+        futures = [
+            publisher.publish(topic, b"o", ordering_key=f"key-{k}", index=str(i))
+            for i in range(per_key)
+            for k in range(keys)
+        ]
+        for future in futures:
+            future.result(timeout=60)
+        got: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)
+        total = 0
+        while total < keys * per_key:
+            pulled = 0
+            for label, client in clients.items():
+                response = client.pull(subscription=name, max_messages=50)
+                for m in response.received_messages:
+                    got[m.message.ordering_key].append((label, int(m.message.attributes["index"])))
+                if response.received_messages:
+                    client.acknowledge(
+                        subscription=name, ack_ids=[m.ack_id for m in response.received_messages]
+                    )
+                pulled += len(response.received_messages)
+            total += pulled
+            assert pulled or total, "nothing pulled"
+        for key, deliveries in got.items():
+            assert len({label for label, _ in deliveries}) == 1, f"{key} from both gateways"
+            assert [i for _, i in deliveries] == list(range(per_key)), f"{key} out of order"
+        assert {label for ds in got.values() for label, _ in ds} == {"a", "b"}
+    finally:
+        for client in clients.values():
+            client.close()
+        publisher.stop()
+        for gateway in (a, b):
+            gateway.terminate()
