@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from typing import Any
@@ -195,6 +196,9 @@ def test_two_gateway_processes_share_an_ordered_subscription_and_take_over(
     finally:
         for future in futures:
             future.cancel()
+        for future in futures:  # its threads are done before the channels close
+            with contextlib.suppress(Exception):
+                future.result(timeout=30)
         on_a.close()
         on_b.close()
         publisher.stop()
