@@ -1381,17 +1381,20 @@ def gateway(
     partitions: Annotated[
         int, typer.Option("--partitions", min=1, help="Partitions of topics created here.")
     ] = 16,
+    metrics_port: MetricsPort = None,
+    metrics_addr: MetricsAddr = "127.0.0.1",
 ) -> None:
     """Serve the Google Cloud Pub/Sub API (google.pubsub.v1) on streamsub.
 
     Point PUBSUB_EMULATOR_HOST at the gRPC address and the official Pub/Sub
     clients work unchanged. SIGTERM or Ctrl-C stops it gracefully: streams are
-    closed and their leases given back.
+    closed and their leases given back. --metrics-port serves the library's
+    metrics and the gateway's own (streams open, opened).
     """
     import logging
 
     try:
-        from .gateway import Gateway
+        from .gateway import Gateway, serve_metrics
     except ImportError as exc:
         fail(
             f"the gateway needs the 'gateway' extra ({exc}): pip install 'streamsub[gateway]'",
@@ -1411,9 +1414,23 @@ def gateway(
             partitions=partitions,
         )
         await server.start()
+        metrics_server = None
         try:
+            if metrics_port is not None:
+                try:
+                    metrics_server = serve_metrics(server, metrics_port, metrics_addr)
+                except (OSError, streamsub.FailedPreconditionError) as exc:
+                    fail(
+                        f"cannot serve metrics on {metrics_addr}:{metrics_port}: {exc}",
+                        EXIT_BAD_INPUT,
+                    )
+                logging.getLogger("streamsub.gateway").info(
+                    "streamsub gateway: metrics on %s:%d/metrics", metrics_addr, metrics_port
+                )
             await stop.wait()
         finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
             await server.stop()
 
     run(main())

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.types import PublisherOptions
 
 from streamsub.gateway import Gateway
 from streamsub.testing import RedisServer
@@ -76,6 +77,16 @@ def emulator(gateway: GatewayThread, monkeypatch: pytest.MonkeyPatch) -> str:
 def publisher(emulator: str) -> Iterator[pubsub_v1.PublisherClient]:
     """The official publisher client, through the gateway."""
     client = pubsub_v1.PublisherClient()
+    yield client
+    client.stop()
+
+
+@pytest.fixture
+def ordered_publisher(emulator: str) -> Iterator[pubsub_v1.PublisherClient]:
+    """The official publisher client with message ordering, through the gateway."""
+    client = pubsub_v1.PublisherClient(
+        publisher_options=PublisherOptions(enable_message_ordering=True)
+    )
     yield client
     client.stop()
 

@@ -113,9 +113,64 @@ def test_rest_errors_are_googles_json(http: httpx.Client, project: str) -> None:
     garbage = http.post(f"/v1/{topic}:publish", content=b"{not json")
     assert garbage.status_code == 400
     assert http.get("/v2/nothing").status_code == 404
-    seek = http.post(f"/v1/projects/{project}/subscriptions/billing:seek", json={})
-    assert seek.status_code == 501
-    assert seek.json()["error"]["status"] == "UNIMPLEMENTED"
+    push = http.post(f"/v1/projects/{project}/subscriptions/billing:modifyPushConfig", json={})
+    assert push.status_code == 501
+    assert push.json()["error"]["status"] == "UNIMPLEMENTED"
+
+
+def test_rest_seek_and_snapshots(http: httpx.Client, project: str) -> None:
+    """Snapshots are made with PUT, read, listed (per project and per topic), patched
+    only as streamsub keeps them and deleted; :seek to the snapshot and to a time
+    deliver the acked messages again."""
+    topic = f"projects/{project}/topics/orders"
+    sub = f"projects/{project}/subscriptions/billing"
+    snapshot = f"projects/{project}/snapshots/nightly"
+    http.put(f"/v1/{topic}", json={})
+    http.put(f"/v1/{sub}", json={"topic": topic})
+    made = http.put(f"/v1/{snapshot}", json={"subscription": sub})
+    assert made.status_code == 200, made.text
+    assert made.json()["name"] == snapshot
+    assert made.json()["topic"] == topic
+    assert "expireTime" in made.json()
+    assert http.get(f"/v1/{snapshot}").json() == made.json()
+    assert http.get(f"/v1/projects/{project}/snapshots").json() == {"snapshots": [made.json()]}
+    assert http.get(f"/v1/{topic}/snapshots").json() == {"snapshots": [snapshot]}
+    again = http.put(f"/v1/{snapshot}", json={"subscription": sub})
+    assert again.status_code == 409
+    refused = http.patch(
+        f"/v1/{snapshot}", json={"snapshot": {"labels": {"a": "b"}}, "updateMask": "labels"}
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["status"] == "INVALID_ARGUMENT"
+    data = [{"data": base64.b64encode(b"m%d" % i).decode()} for i in range(100)]
+    ids = set(http.post(f"/v1/{topic}:publish", json={"messages": data}).json()["messageIds"])
+
+    def pull_all() -> set[str]:
+        got: set[str] = set()
+        for _ in range(50):
+            batch = http.post(f"/v1/{sub}:pull", json={"maxMessages": 100}).json()
+            items = batch.get("receivedMessages", [])
+            got |= {m["message"]["messageId"] for m in items}
+            if items:
+                http.post(f"/v1/{sub}:acknowledge", json={"ackIds": [m["ackId"] for m in items]})
+            if got >= ids:
+                break
+        return got
+
+    assert pull_all() == ids
+    sought = http.post(f"/v1/{sub}:seek", json={"snapshot": snapshot})
+    assert sought.status_code == 200, sought.text
+    assert sought.json() == {}
+    assert pull_all() == ids  # the snapshot was taken before they were published
+    sought = http.post(f"/v1/{sub}:seek", json={"time": "2000-01-01T00:00:00Z"})
+    assert sought.json() == {}
+    assert pull_all() == ids
+    missing = http.post(
+        f"/v1/{sub}:seek", json={"snapshot": f"projects/{project}/snapshots/nothing"}
+    )
+    assert missing.status_code == 404
+    assert http.delete(f"/v1/{snapshot}").json() == {}
+    assert http.get(f"/v1/{snapshot}").status_code == 404
 
 
 def _frame(payload: bytes) -> bytes:

@@ -21,11 +21,12 @@ import pytest
 import redis
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.types import PublisherOptions
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 from google.pubsub_v1.types import pubsub
 
-from . import test_streaming
+from . import test_admin, test_streaming
 from .conftest import GatewayThread
 from .test_http import _GRPC_WEB, _frame, _frames
 from .test_streaming import wait_for
@@ -222,8 +223,10 @@ def test_rest_and_grpc_web_through_nginx(https: httpx.Client, project: str) -> N
         test_streaming.test_nack_is_redelivered_without_delivery_attempt,
         test_streaming.test_dead_letter_policy_counts_attempts_and_moves_the_message,
         test_streaming.test_exactly_once_ack_after_the_lease_moved_fails,
+        test_streaming.test_ten_thousand_messages_with_attributes_and_ordering_keys,
+        test_admin.test_errors_reach_the_client_as_its_exception_classes,
     ],
-    ids=["nack", "dead-letter", "exactly-once"],
+    ids=["nack", "dead-letter", "exactly-once", "10000-ordered", "errors"],
 )
 def test_streaming_flows_through_nginx(
     flow: Callable[..., None],
@@ -231,16 +234,22 @@ def test_streaming_flows_through_nginx(
     project: str,
     redis_client: redis.Redis,
 ) -> None:
-    """The nack, dead-letter and exactly-once flows of the official client work the
-    same through nginx with TLS as straight to the gateway."""
+    """The flows of the official client — 10,000 messages with attributes and
+    ordering keys, nack, dead letters, exactly-once, errors as its exception
+    classes — work the same through nginx with TLS as straight to the gateway."""
     publisher = pubsub_v1.PublisherClient(
         transport=PublisherGrpcTransport(channel=front_door.channel())
+    )
+    ordered_publisher = pubsub_v1.PublisherClient(
+        publisher_options=PublisherOptions(enable_message_ordering=True),
+        transport=PublisherGrpcTransport(channel=front_door.channel()),
     )
     subscriber = pubsub_v1.SubscriberClient(
         transport=SubscriberGrpcTransport(channel=front_door.channel())
     )
     arguments: dict[str, Any] = {
         "publisher": publisher,
+        "ordered_publisher": ordered_publisher,
         "subscriber": subscriber,
         "project": project,
         "redis_client": redis_client,
@@ -251,3 +260,4 @@ def test_streaming_flows_through_nginx(
     finally:
         subscriber.close()
         publisher.stop()
+        ordered_publisher.stop()

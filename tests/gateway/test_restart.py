@@ -37,13 +37,14 @@ def _free_port() -> int:
 class GatewayProcess:
     """``streamsub gateway`` as a child process; its log lines are collected."""
 
-    def __init__(self, url: str, port: int) -> None:
+    def __init__(self, url: str, port: int, *options: str) -> None:
         command = Path(sys.executable).parent / "streamsub"
         self.lines: list[str] = []
         self.process = subprocess.Popen(
             [
                 *(str(command), "gateway", "--redis", url),
                 *("--grpc", f"127.0.0.1:{port}", "--http", "127.0.0.1:0"),
+                *options,
             ],
             stderr=subprocess.PIPE,
             text=True,

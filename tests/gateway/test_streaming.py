@@ -43,13 +43,13 @@ def _setup(
 
 
 def test_ten_thousand_messages_with_attributes_and_ordering_keys(
-    emulator: str, subscriber: pubsub_v1.SubscriberClient, project: str
+    ordered_publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
 ) -> None:
     """10,000 messages with attributes and 20 ordering keys arrive whole, each key in
     publish order, through a flow-controlled streaming pull that acks them."""
-    publisher = pubsub_v1.PublisherClient(
-        publisher_options=PublisherOptions(enable_message_ordering=True)
-    )
+    publisher = ordered_publisher
     topic, name = _setup(publisher, subscriber, project, enable_message_ordering=True)
     total, keys = 10_000, 20
     futures = [
@@ -93,7 +93,6 @@ def test_ten_thousand_messages_with_attributes_and_ordering_keys(
     assert most_in_callback <= 200
     for key, indices in order.items():
         assert indices == sorted(indices), f"{key} out of order"
-    publisher.stop()
 
 
 def test_nack_is_redelivered_without_delivery_attempt(

@@ -109,3 +109,53 @@ def test_a_stopping_gateway_gives_its_leases_back(
 
     wait_for(pulled_again, 30, "every message again through the other gateway")
     second.close()
+
+
+def test_a_stale_nack_leaves_the_current_delivery_alone(
+    publisher: pubsub_v1.PublisherClient, gateway: GatewayThread, project: str
+) -> None:
+    """A nack (ModifyAckDeadline 0) from an earlier delivery of a message, sent after
+    the same consumer got it again, is checked against the delivery count: it fails
+    with PERMANENT_FAILURE_INVALID_ACK_ID and gives nothing back, and the current
+    delivery is then acked."""
+    client = _subscriber(gateway.host)
+    topic = f"projects/{project}/topics/orders"
+    name = f"projects/{project}/subscriptions/billing"
+    publisher.create_topic(name=topic)
+    client.create_subscription(
+        request={"name": name, "topic": topic, "enable_exactly_once_delivery": True}
+    )
+    ids = {publisher.publish(topic, b"m%d" % i).result() for i in range(20)}
+    first: dict[str, str] = {}
+
+    def pulled_all() -> bool:
+        for m in client.pull(subscription=name, max_messages=20).received_messages:
+            first[m.message.message_id] = m.ack_id
+        return set(first) == ids
+
+    wait_for(pulled_all, 30, "every message")
+    client.modify_ack_deadline(
+        subscription=name, ack_ids=list(first.values()), ack_deadline_seconds=0
+    )
+    second: dict[str, str] = {}
+
+    def pulled_again() -> bool:
+        for m in client.pull(subscription=name, max_messages=20).received_messages:
+            second[m.message.message_id] = m.ack_id
+        return set(second) == ids
+
+    wait_for(pulled_again, 30, "every message again")
+    for message_id, ack_id in second.items():
+        # Same consumer (this gateway's unary puller), the next delivery count.
+        assert ack_id.split("/")[3] == first[message_id].split("/")[3]
+        assert int(ack_id.split("/")[2]) == int(first[message_id].split("/")[2]) + 1
+    with pytest.raises(exceptions.InvalidArgument) as failure:
+        client.modify_ack_deadline(
+            subscription=name, ack_ids=list(first.values()), ack_deadline_seconds=0
+        )
+    info = error_details_pb2.ErrorInfo()
+    assert rpc_status.from_call(failure.value.response).details[0].Unpack(info)
+    assert dict(info.metadata) == dict.fromkeys(first.values(), "PERMANENT_FAILURE_INVALID_ACK_ID")
+    assert not client.pull(subscription=name, max_messages=20).received_messages
+    client.acknowledge(subscription=name, ack_ids=list(second.values()))
+    client.close()

@@ -12,6 +12,13 @@ Pub/Sub names ``projects/P/topics/T`` are streamsub names ``P~T``. Needs the
 ``gateway`` extra (``pip install 'streamsub[gateway]'``).
 """
 
+from ._metrics import serve_metrics
 from ._server import DEFAULT_GRPC_ADDRESS, DEFAULT_HTTP_ADDRESS, Gateway, GatewayStatistics
 
-__all__ = ["DEFAULT_GRPC_ADDRESS", "DEFAULT_HTTP_ADDRESS", "Gateway", "GatewayStatistics"]
+__all__ = [
+    "DEFAULT_GRPC_ADDRESS",
+    "DEFAULT_HTTP_ADDRESS",
+    "Gateway",
+    "GatewayStatistics",
+    "serve_metrics",
+]

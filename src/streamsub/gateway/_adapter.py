@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -31,11 +32,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
+from .. import metrics
 from .._backends.base import (
     Backend,
     Entry,
     LeaseMode,
     NackItem,
+    Reclaimed,
     SubscriptionRecord,
     TopicRecord,
 )
@@ -45,6 +48,7 @@ from .._core.partition import partition_for_key
 from .._core.retry import backoff
 from .._errors import StreamsubError, SubscriptionNotFoundError, TopicNotFoundError
 from .._settings import RetryPolicy
+from ._ownership import OWNERSHIP_LEASE, Membership
 
 __all__ = [
     "Adapter",
@@ -71,6 +75,13 @@ _CONSUMER_EXPIRY = 3600.0
 _CONSUMER_SWEEP_EVERY = 600.0
 _DRY_BLOCK_MS = 100
 """How long a read of some partitions waits after a round over all found nothing."""
+_HOUSEKEEPING_EVERY = 1.0
+_UNARY_IDLE = 60.0
+"""Seconds without a Pull after which an ordered subscription's unary puller closes
+(so that a gateway that served a Pull once does not keep partitions for ever)."""
+_MEMBERSHIP_LINGER = 2.0
+"""Seconds an ordered subscription nothing here reads or holds stays owned (a
+client that reopens its stream at once finds its partitions still here)."""
 
 
 def format_ack_id(partition: int, entry_id: str, attempt: int, consumer: str) -> str:
@@ -148,6 +159,7 @@ class Adapter:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        ownership_lease: float = OWNERSHIP_LEASE,
     ) -> None:
         self._backend = backend
         self._clock = clock
@@ -159,6 +171,13 @@ class Adapter:
         self._pullers: set[Puller] = set()
         self._consumer_sweeps: dict[str, float] = {}
         self._members: dict[str, list[Puller]] = {}
+        """Ordered subscription -> its streams here, in the order they came."""
+        self._users: dict[str, set[Puller]] = {}
+        """Ordered subscription -> its pullers here (streams and unary)."""
+        self._memberships: dict[str, Membership] = {}
+        self._idle_since: dict[str, float] = {}
+        self._ownership_lease = ownership_lease
+        self._housekeeping: asyncio.Task[None] | None = None
 
     def new_consumer(self, kind: str) -> str:
         """A consumer name unique to this process (stable parts first, for humans)."""
@@ -208,6 +227,21 @@ class Adapter:
         table = self._tables.pop(name, None)
         if table is not None:
             await table.close()
+        await self._leave_ownership(name)
+
+    async def sought(self, name: str) -> None:
+        """The subscription ``name`` was sought: what this process's streams hold
+        of it no longer stands (the seek acknowledged it, or it is delivered
+        again), so free their flow-control room and stop extending those
+        leases now, and sweep at once for what a snapshot seek made pending."""
+        self.forget(name)
+        table = self._tables.get(name)
+        if table is not None:
+            table.clear()
+        now = self._clock()
+        for puller in self._pullers:
+            if puller.view.name == name:
+                puller.restart_sweep(now)
 
     def _table(self, view: SubscriptionView) -> _LeaseTable:
         table = self._tables.get(view.name)
@@ -235,6 +269,8 @@ class Adapter:
             return failed
         acked = await self._backend.ack_deliveries(view.topic, view.name, by_partition)
         done = {(p, i) for p, ids in acked.items() for i in ids}
+        if done:
+            metrics.on_acked(view.name, len(done))
         table = self._tables.get(view.name)
         for key, ids in named.items():
             if key in done:
@@ -322,6 +358,8 @@ class Adapter:
                 view.topic, view.name, consumer, by_partition, deadline_ms
             )
             done = {(p, i) for p, ids in owned.items() for i in ids}
+            if done:
+                metrics.on_nacked(view.name, len(done))
             for partition, entries in by_partition.items():
                 for entry_id, *_ in entries:
                     ids = named[(consumer, partition, entry_id)]
@@ -353,41 +391,126 @@ class Adapter:
             max_messages=max_messages,
             max_bytes=max_bytes,
             deadline=deadline,
+            stream=stream,
         )
         self._pullers.add(puller)
-        if view.ordering and stream:
-            self._members.setdefault(view.name, []).append(puller)
+        if view.ordering:
+            if stream:
+                self._members.setdefault(view.name, []).append(puller)
+            self._users.setdefault(view.name, set()).add(puller)
+            self._idle_since.pop(view.name, None)
+            if view.name not in self._memberships:
+                self._memberships[view.name] = Membership(
+                    self._backend,
+                    view.topic,
+                    view.name,
+                    self._prefix,
+                    busy=functools.partial(self._holds, view.name),
+                    clock=self._clock,
+                    lease=self._ownership_lease,
+                )
+                log.info(
+                    "streamsub gateway: %s joins the partition ownership of %r",
+                    self._prefix,
+                    view.name,
+                )
+            if self._housekeeping is None:
+                loop = asyncio.get_running_loop()
+                self._housekeeping = loop.create_task(self._keep_memberships())
         return puller
 
-    def partitions_for(self, puller: Puller) -> list[int]:
-        """The partitions ``puller`` may read now.
+    def _holds(self, name: str, partition: int) -> bool:
+        """Whether this process has deliveries of ``partition`` out, or a read of it
+        under way (whose entries are not in the lease table yet)."""
+        if any(partition in puller.reading for puller in self._users.get(name, ())):
+            return True
+        table = self._tables.get(name)
+        return table is not None and table.holds(partition)
 
-        Every partition of an ordered subscription is read by one puller of this
-        gateway at a time (partition ``p`` goes to the ``p % n``-th of its ``n``
-        streams here), so one ordering key's messages go to one stream, in
-        order; a partition waits while another puller's deliveries of it (or a
-        closed stream's, whose client may still be handling them) are out; and
-        unary pulls get partitions only while no stream reads the subscription.
-        """
-        total = puller.view.topic.partitions
-        if not puller.view.ordering:
-            return list(range(total))
-        members = self._members.get(puller.view.name) or []
+    def membership(self, name: str) -> Membership | None:
+        """This process's membership of ordered subscription ``name``, if any."""
+        return self._memberships.get(name)
+
+    async def _keep_memberships(self) -> None:
+        """Close unary pullers of ordered subscriptions unused for a while, and
+        leave the ownership of subscriptions nothing here reads or holds."""
+        while True:
+            await asyncio.sleep(_HOUSEKEEPING_EVERY)
+            now = self._clock()
+            for name in list(self._memberships):
+                for puller in list(self._users.get(name, ())):
+                    if not puller.stream and now - puller.last_pull > _UNARY_IDLE:
+                        await puller.close(hand_back=False)
+                table = self._tables.get(name)
+                if self._users.get(name) or (table is not None and table.holds_any()):
+                    self._idle_since.pop(name, None)
+                    continue
+                since = self._idle_since.setdefault(name, now)
+                if now - since >= _MEMBERSHIP_LINGER:
+                    await self._leave_ownership(name)
+
+    async def _leave_ownership(self, name: str) -> None:
+        self._idle_since.pop(name, None)
+        membership = self._memberships.pop(name, None)
+        if membership is not None:
+            await membership.leave()
+            log.info("streamsub gateway: %s left the partition ownership of %r", self._prefix, name)
+
+    def _share(self, puller: Puller) -> list[int]:
+        """The owned partitions that are ``puller``'s share here."""
+        name = puller.view.name
+        membership = self._memberships.get(name)
+        if membership is None:
+            return []
+        members = self._members.get(name) or []
         if puller in members:
             index, count = members.index(puller), len(members)
         elif members:
             return []  # unary pulls of an ordered subscription wait while streams read it
         else:
             index, count = 0, 1
-        table = self._tables.get(puller.view.name)
+        table = self._tables.get(name)
         busy = set() if table is None else table.partitions_held_elsewhere(puller)
-        return [p for p in range(index, total, count) if p not in busy]
+        return [p for p in membership.partitions[index::count] if p not in busy]
+
+    def partitions_for(self, puller: Puller) -> list[int]:
+        """The partitions ``puller`` may read and sweep now.
+
+        An ordered subscription's partitions are owned by one gateway process
+        at a time (:mod:`._ownership`), and each owned partition is read by one
+        puller of that process at a time (the ``i``-th of its ``n`` streams
+        here reads every ``n``-th owned partition from the ``i``-th), so one
+        ordering key's messages go to one stream, in order; a partition waits
+        while another puller's deliveries of it (or a closed stream's, whose
+        client may still be handling them) are out, and while it is being
+        taken over; unary pulls get partitions only while no stream here reads
+        the subscription.
+        """
+        if not puller.view.ordering:
+            return list(range(puller.view.topic.partitions))
+        membership = self._memberships.get(puller.view.name)
+        taking = {} if membership is None else membership.taking
+        return [p for p in self._share(puller) if p not in taking]
+
+    def taking_for(self, puller: Puller) -> list[int]:
+        """The partitions of ``puller``'s share being taken over: swept whole first."""
+        if not puller.view.ordering:
+            return []
+        membership = self._memberships.get(puller.view.name)
+        if membership is None or not membership.taking:
+            return []
+        return [p for p in self._share(puller) if p in membership.taking]
 
     def _leave(self, puller: Puller) -> None:
         self._pullers.discard(puller)
         members = self._members.get(puller.view.name)
         if members is not None and puller in members:
             members.remove(puller)
+        users = self._users.get(puller.view.name)
+        if users is not None:
+            users.discard(puller)
+            if not users:
+                del self._users[puller.view.name]
 
     async def delete_idle_consumers(self, view: SubscriptionView) -> None:
         """Delete the group's consumers that hold nothing and were idle for
@@ -409,9 +532,16 @@ class Adapter:
 
     async def close(self) -> None:
         """Stop every lease table and give back every delivery still leased here,
-        so that other gateways deliver them at once."""
+        so that other gateways deliver them at once; then release the ordered
+        subscriptions' partitions (after the leases: their new owners take
+        over what was given back, before anything later)."""
         for puller in list(self._pullers):
             puller.closed = True
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping
+            self._housekeeping = None
         tables, self._tables = list(self._tables.values()), {}
         for table in tables:
             await table.close()
@@ -424,6 +554,8 @@ class Adapter:
                     table.view.name,
                     exc,
                 )
+        for name in list(self._memberships):
+            await self._leave_ownership(name)
 
 
 class _LeaseTable:
@@ -434,9 +566,27 @@ class _LeaseTable:
         self.view = view
         self._deliveries: dict[_Key, _Delivery] = {}
         self._task: asyncio.Task[None] | None = None
+        self._unwatch = metrics.watch_in_flight(view.name, self.__len__)
+
+    def __len__(self) -> int:
+        return len(self._deliveries)
 
     def get(self, key: _Key) -> _Delivery | None:
         return self._deliveries.get(key)
+
+    def holds(self, partition: int) -> bool:
+        return any(d.partition == partition for d in self._deliveries.values())
+
+    def holds_any(self) -> bool:
+        return bool(self._deliveries)
+
+    def ids_of(self, partitions: Iterable[int]) -> dict[int, list[str]]:
+        wanted = set(partitions)
+        ids: dict[int, list[str]] = {}
+        for partition, entry_id in self._deliveries:
+            if partition in wanted:
+                ids.setdefault(partition, []).append(entry_id)
+        return ids
 
     def partitions_held_elsewhere(self, puller: Puller) -> set[int]:
         return {d.partition for d in self._deliveries.values() if d.owner is not puller}
@@ -461,12 +611,17 @@ class _LeaseTable:
         if delivery is not None:
             delivery.lease_end, delivery.set_at, delivery.final = lease_end, now, final
 
+    def clear(self) -> None:
+        for key in list(self._deliveries):
+            self.drop(key)
+
     def drop(self, key: _Key) -> None:
         delivery = self._deliveries.pop(key, None)
         if delivery is not None and delivery.owner is not None:
             delivery.owner.released(delivery)
 
     async def close(self) -> None:
+        self._unwatch()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -532,9 +687,14 @@ class Puller:
         max_messages: int,
         max_bytes: int,
         deadline: float,
+        stream: bool,
     ) -> None:
         self._adapter = adapter
         self.view = view
+        self.stream = stream
+        self.last_pull = adapter._clock()
+        self.reading: frozenset[int] = frozenset()
+        """Partitions a read of this puller is waiting on now."""
         self.consumer = consumer
         self.max_messages = max_messages
         self.max_bytes = max_bytes
@@ -558,6 +718,11 @@ class Puller:
 
     def sweep_by(self, moment: float) -> None:
         """Look for reclaimable entries no later than ``moment`` (monotonic)."""
+        self._next_sweep = min(self._next_sweep, moment)
+
+    def restart_sweep(self, moment: float) -> None:
+        """Sweep every partition from the start, no later than ``moment``."""
+        self._cursors = {}
         self._next_sweep = min(self._next_sweep, moment)
 
     def released(self, delivery: _Delivery) -> None:
@@ -589,9 +754,15 @@ class Puller:
         budget = self.budget()
         if limit is not None:
             budget = min(budget, limit)
+        now = self._adapter._clock()
+        self.last_pull = now
         if budget <= 0 or self.closed:
             return []
-        now = self._adapter._clock()
+        taking = self._adapter.taking_for(self)
+        if taking:
+            received = await self._take_over(taking, budget)
+            if received:
+                return received
         if now >= self._next_sweep:
             # A sweep scans at most ``budget`` partitions per call; go on until it
             # finds something or has seen every partition.
@@ -626,6 +797,15 @@ class Puller:
         return await self._accept(entries, None)
 
     async def _read(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
+        # Partitions under read count as held: an ordered partition is not handed
+        # over while entries read from it are on their way into the lease table.
+        self.reading = frozenset(partitions)
+        try:
+            return await self._read_some(partitions, budget, block_ms)
+        finally:
+            self.reading = frozenset()
+
+    async def _read_some(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
         view = self.view
         entries: list[Entry] = []
         block = block_ms
@@ -677,6 +857,37 @@ class Puller:
                 self._cursors[partition] = cursor
         if not self._cursors:
             self._end_sweep()
+        return await self._claimed(found)
+
+    async def _take_over(self, partitions: list[int], budget: int) -> list[Received]:
+        """Sweep newly owned partitions of an ordered subscription whole: every
+        entry pending there (a crashed or leaving gateway's, parked nacks too)
+        is delivered here before any new entry of the partition is read."""
+        view = self.view
+        adapter = self._adapter
+        membership = adapter.membership(view.name)
+        if membership is None:
+            return []
+        scan = {p: membership.taking[p] for p in partitions[:budget]}
+        table = adapter._tables.get(view.name)
+        attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
+        found, cursors = await adapter._backend.reclaim(
+            view.topic,
+            view.name,
+            self.consumer,
+            scan,
+            0,
+            max(1, budget // len(scan)),
+            attempts,
+            {} if table is None else table.ids_of(scan),  # this gateway's own deliveries
+            take_parked=True,
+        )
+        for partition in scan:
+            membership.swept(partition, cursors.get(partition, "0-0"))
+        return await self._claimed(found)
+
+    async def _claimed(self, found: Sequence[Reclaimed]) -> list[Received]:
+        view = self.view
         deliver: list[Entry] = []
         first: list[int] = []
         for item in found:
@@ -691,6 +902,7 @@ class Puller:
                     item.last_delivery_ms,
                 )
             else:
+                metrics.on_lost(view.name)
                 log.warning(
                     "streamsub gateway: entry %s-%s of %r was trimmed before anyone acked it",
                     item.entry.partition,
@@ -729,7 +941,7 @@ class Puller:
             target_partition = partition_for_key(encoded.ordering_key, target.partitions)
         else:
             target_partition = entry.partition % target.partitions
-        await self._adapter._backend.dead_letter(
+        moved = await self._adapter._backend.dead_letter(
             view.topic,
             view.name,
             self.consumer,
@@ -741,7 +953,9 @@ class Puller:
             first_ms,
             last_ms,
         )
-        self.dead_lettered += 1
+        if moved is not None:  # None: not this consumer's any more, nothing written
+            self.dead_lettered += 1
+            metrics.on_dead_lettered(view.name)
 
     async def _accept(self, entries: list[Entry], first_ms: list[int] | None) -> list[Received]:
         view = self.view
@@ -787,6 +1001,9 @@ class Puller:
                     delivery_attempt=entry.delivery_count,
                 )
             )
+        if received:
+            again = sum(1 for item in received if item.delivery_attempt > 1)
+            metrics.on_delivered(view.name, len(received), redelivered=again)
         return received
 
     async def _undecodable(self, entry: Entry, reason: str, first_ms: int) -> None:

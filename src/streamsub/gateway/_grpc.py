@@ -114,16 +114,7 @@ def grpc_server(service: PubSubService, address: str) -> tuple[grpc.aio.Server, 
         }
         if service_name.endswith("Subscriber"):
             handlers["StreamingPull"] = _streaming_pull(service)
-            for name in (
-                "Seek",
-                "CreateSnapshot",
-                "GetSnapshot",
-                "ListSnapshots",
-                "UpdateSnapshot",
-                "DeleteSnapshot",
-                "ModifyPushConfig",
-            ):
-                handlers[name] = _unimplemented(name)
+            handlers["ModifyPushConfig"] = _unimplemented("ModifyPushConfig")
         else:
             handlers["DetachSubscription"] = _unimplemented("DetachSubscription")
         server.add_generic_rpc_handlers(

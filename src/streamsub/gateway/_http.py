@@ -40,6 +40,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _MAX_BODY = 20 * 2**20
 _TOPIC = r"projects/[^/:]+/topics/[^/:]+"
 _SUB = r"projects/[^/:]+/subscriptions/[^/:]+"
+_SNAPSHOT = r"projects/[^/:]+/snapshots/[^/:]+"
 _PROJECT = r"projects/[^/:]+"
 
 # (HTTP method, path pattern, RPC method, request class, field the path fills,
@@ -98,13 +99,36 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, Any, str]] = [
             pb.ModifyAckDeadlineRequest,
             "subscription",
         ),
+        ("POST", rf"/v1/({_SUB}):seek", "Seek", pb.SeekRequest, "subscription"),
+        ("PUT", rf"/v1/({_SNAPSHOT})", "CreateSnapshot", pb.CreateSnapshotRequest, "name"),
+        ("GET", rf"/v1/({_SNAPSHOT})", "GetSnapshot", pb.GetSnapshotRequest, "snapshot"),
+        (
+            "PATCH",
+            rf"/v1/({_SNAPSHOT})",
+            "UpdateSnapshot",
+            pb.UpdateSnapshotRequest,
+            "snapshot.name",
+        ),
+        ("DELETE", rf"/v1/({_SNAPSHOT})", "DeleteSnapshot", pb.DeleteSnapshotRequest, "snapshot"),
+        (
+            "GET",
+            rf"/v1/({_PROJECT})/snapshots",
+            "ListSnapshots",
+            pb.ListSnapshotsRequest,
+            "project",
+        ),
+        (
+            "GET",
+            rf"/v1/({_TOPIC})/snapshots",
+            "ListTopicSnapshots",
+            pb.ListTopicSnapshotsRequest,
+            "topic",
+        ),
     )
 ]
 
-_UNIMPLEMENTED = re.compile(
-    rf"/v1/(({_SUB}):(seek|modifyPushConfig|detach)|{_PROJECT}/snapshots(/[^/:]+)?)"
-)
-"""Pub/Sub's REST calls the gateway does not serve (yet): 501, not 404."""
+_UNIMPLEMENTED = re.compile(rf"/v1/({_SUB}):(modifyPushConfig|detach)")
+"""Pub/Sub's REST calls the gateway does not serve: 501, not 404."""
 
 _CORS_ALLOW_HEADERS = (
     "content-type, x-grpc-web, x-user-agent, grpc-timeout, authorization, x-goog-api-client"

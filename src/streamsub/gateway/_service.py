@@ -11,13 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
-from .._backends.base import Backend
+from .._backends.base import Backend, TopicRecord
 from .._client import Client, Subscription
-from .._errors import NotFoundError, StreamsubError
+from .._core.retention import DEFAULT_RETENTION_INTERVAL, Retention
+from .._core.seek import Snapshot
+from .._engine.trimmer import Trimmer
+from .._errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    StreamsubError,
+    SubscriptionNotFoundError,
+    TopicNotFoundError,
+)
 from .._message import OutgoingMessage
 from .._settings import DEFAULT_MAX_DELIVERY_ATTEMPTS, RetryPolicy
 from ._adapter import Adapter, Puller, Received, SubscriptionView
@@ -34,6 +44,8 @@ DEFAULT_ACK_DEADLINE_SECONDS = 10
 _ACK_DEADLINE_RANGE = (10, 600)
 _MODACK_RANGE = (0, 600)
 _DEAD_LETTER_ATTEMPTS_RANGE = (5, 100)
+_TOPIC_RETENTION_RANGE = (600, 31 * 86400)
+"""Pub/Sub's bounds of a topic's message_retention_duration (10 minutes to 31 days)."""
 _PULL_BLOCK_MS = 1000
 """How long a unary Pull waits for messages before answering with none."""
 _STREAM_BLOCK_MS = 500
@@ -73,6 +85,21 @@ def _seconds(duration: Any) -> float:
     return float(duration.seconds) + float(duration.nanos) / 1e9
 
 
+def _topic_retention(topic: TopicRecord | None) -> float | None:
+    """A topic's message_retention_duration: its retention's max_age."""
+    if topic is None or topic.retention is None:
+        return None
+    return topic.retention.max_age
+
+
+def _subscription_retention(topic: TopicRecord | None) -> float | None:
+    """A subscription's message_retention_duration: its topic's hard cap on age
+    (``drop_unacked``), else None (unacknowledged messages stay until acked)."""
+    if topic is None or topic.retention is None or not topic.retention.drop_unacked:
+        return None
+    return topic.retention.max_age
+
+
 class PubSubService:
     """The Pub/Sub API over one streamsub client and adapter."""
 
@@ -84,7 +111,11 @@ class PubSubService:
         stream_settings: StreamSettings | None = None,
     ) -> None:
         self.backend = backend
-        self.client = Client(backend)
+        # Retention runs for the topics published to and the subscriptions
+        # pulled here (and their dead-letter topics), one trimmer per topic
+        # across processes.
+        self.client = Client(backend, trim_in_background=False)
+        self.trimmer = Trimmer(backend, interval=DEFAULT_RETENTION_INTERVAL)
         self.adapter = Adapter(backend)
         self.partitions = partitions
         self.stream_settings = stream_settings or StreamSettings()
@@ -101,6 +132,7 @@ class PubSubService:
         for puller in self._unary_pullers.values():
             await puller.close(hand_back=True)
         await self.adapter.close()
+        await self.trimmer.aclose()
         await self.client.aclose()
 
     # --- helpers ---------------------------------------------------------------
@@ -124,7 +156,12 @@ class PubSubService:
 
     async def _topic_message(self, native: str) -> Any:
         labels = await self.backend.get_labels("topic", native)
-        return pb.Topic(name=from_native(native, "topics"), labels=labels)
+        message = pb.Topic(name=from_native(native, "topics"), labels=labels)
+        record = await self.backend.get_topic(native)
+        age = _topic_retention(record)
+        if age is not None:
+            message.message_retention_duration.CopyFrom(_duration(age))
+        return message
 
     async def _subscription_message(self, sub: Subscription) -> Any:
         message = pb.Subscription(
@@ -136,8 +173,15 @@ class PubSubService:
             labels=await self.backend.get_labels("subscription", sub.name),
             state=1,  # ACTIVE
         )
-        if await self.backend.get_topic(sub.topic) is None:
+        topic = await self.backend.get_topic(sub.topic)
+        if topic is None:
             message.topic = _DELETED_TOPIC
+        age = _topic_retention(topic)
+        if age is not None:
+            message.topic_message_retention_duration.CopyFrom(_duration(age))
+        cap = _subscription_retention(topic)
+        if cap is not None:
+            message.message_retention_duration.CopyFrom(_duration(cap))
         if sub.dead_letter_topic is not None:
             message.dead_letter_policy.dead_letter_topic = (
                 from_native(sub.dead_letter_topic, "topics") or sub.dead_letter_topic
@@ -190,30 +234,88 @@ class PubSubService:
     @staticmethod
     def _unsupported(message: Any) -> None:
         checks = (
-            ("push_config", message.push_config.push_endpoint),
-            ("bigquery_config", message.bigquery_config.table),
-            ("cloud_storage_config", message.cloud_storage_config.bucket),
+            ("push_config", message.HasField("push_config")),
+            ("bigquery_config", message.HasField("bigquery_config")),
+            ("cloud_storage_config", message.HasField("cloud_storage_config")),
+            ("bigtable_config", message.HasField("bigtable_config")),
             ("filter", message.filter),
             ("retain_acked_messages", message.retain_acked_messages),
             ("detached", message.detached),
+            ("message_transforms", len(message.message_transforms)),
+            # An expiration_policy without a ttl is "never expire", as streamsub does.
+            ("expiration_policy.ttl", message.expiration_policy.HasField("ttl")),
         )
         for field, value in checks:
             if value:
                 raise RpcError(
                     Code.INVALID_ARGUMENT,
                     f"{field} is not supported by the streamsub gateway: pull subscriptions "
-                    "without filters only.",
+                    "without filters, transforms or expiry only.",
                 )
+
+    @staticmethod
+    def _unsupported_topic(message: Any) -> None:
+        checks = (
+            ("kms_key_name", message.kms_key_name),
+            ("schema_settings", message.HasField("schema_settings")),
+            ("ingestion_data_source_settings", message.HasField("ingestion_data_source_settings")),
+            ("message_transforms", len(message.message_transforms)),
+        )
+        for field, value in checks:
+            if value:
+                raise RpcError(
+                    Code.INVALID_ARGUMENT,
+                    f"{field} is not supported by the streamsub gateway.",
+                )
+
+    @staticmethod
+    def _topic_retention_asked(message: Any) -> float | None:
+        """The topic's message_retention_duration in seconds (None: unset or 0)."""
+        if not message.HasField("message_retention_duration"):
+            return None
+        seconds = _seconds(message.message_retention_duration)
+        if seconds == 0:
+            return None
+        PubSubService._check_range("message_retention_duration", seconds, _TOPIC_RETENTION_RANGE)
+        return seconds
+
+    @staticmethod
+    def _check_subscription_retention(message: Any, topic: TopicRecord | None) -> None:
+        """A subscription's message_retention_duration is its topic's hard cap (a
+        ``drop_unacked`` max_age), the only bound streamsub puts on unacknowledged
+        messages: accept exactly that, refuse anything else."""
+        if not message.HasField("message_retention_duration"):
+            return
+        seconds = _seconds(message.message_retention_duration)
+        cap = _subscription_retention(topic)
+        if seconds == 0 or (cap is not None and abs(seconds - cap) < 0.001):
+            return
+        raise RpcError(
+            Code.INVALID_ARGUMENT,
+            "message_retention_duration of a subscription is not supported by the streamsub "
+            "gateway: a subscription keeps its unacknowledged messages until they are "
+            "acknowledged, unless its topic has a hard cap (streamsub Retention with "
+            "drop_unacked=True), whose max_age is then the only value accepted here. Bound "
+            "acknowledged messages with the topic's message_retention_duration.",
+        )
 
     # --- Publisher -------------------------------------------------------------
     async def CreateTopic(self, request: Any) -> Any:
         native = self._native(request.name, "topics")
+        self._unsupported_topic(request)
+        age = self._topic_retention_asked(request)
         if await self.backend.get_topic(native) is not None:
             raise already_exists(request.name)
         try:
-            await self.client.create_topic(native, partitions=self.partitions)
+            await self.client.create_topic(
+                native,
+                partitions=self.partitions,
+                retention=None if age is None else Retention(max_age=age),
+            )
         except StreamsubError as exc:
             raise from_streamsub(exc) from None
+        if age is not None:
+            self.trimmer.watch_topic(native)
         await self.backend.set_labels("topic", native, dict(request.labels))
         return await self._topic_message(native)
 
@@ -227,15 +329,32 @@ class PubSubService:
         paths = list(request.update_mask.paths)
         if not paths:
             raise RpcError(Code.INVALID_ARGUMENT, "The update_mask in the request is empty.")
-        unsupported = [p for p in paths if p != "labels"]
+        unsupported = [p for p in paths if p not in ("labels", "message_retention_duration")]
         if unsupported:
             raise RpcError(
                 Code.INVALID_ARGUMENT,
                 f"Invalid update_mask provided in the UpdateTopicRequest: the streamsub "
-                f"gateway updates only labels, not {', '.join(unsupported)}.",
+                f"gateway updates labels and message_retention_duration, not "
+                f"{', '.join(unsupported)}.",
             )
-        await self._topic_exists(request.topic.name, native)
-        await self.backend.set_labels("topic", native, dict(request.topic.labels))
+        record = await self.backend.get_topic(native)
+        if record is None:
+            raise not_found(request.topic.name)
+        if "message_retention_duration" in paths:
+            age = self._topic_retention_asked(request.topic)
+            # Only the age changes: a length bound or hard cap set natively stays.
+            retention = dataclasses.replace(record.retention or Retention(), max_age=age)
+            try:
+                await self.client.update_topic_retention(
+                    native, retention if retention.bounded else None
+                )
+            except NotFoundError:
+                raise not_found(request.topic.name) from None
+            except StreamsubError as exc:
+                raise from_streamsub(exc) from None
+            self.trimmer.watch_topic(native)
+        if "labels" in paths:
+            await self.backend.set_labels("topic", native, dict(request.topic.labels))
         return await self._topic_message(native)
 
     async def ListTopics(self, request: Any) -> Any:
@@ -293,6 +412,7 @@ class PubSubService:
             raise not_found(request.topic) from None
         except StreamsubError as exc:
             raise from_streamsub(exc) from None
+        self.trimmer.watch_topic(native)
         return pb.PublishResponse(message_ids=ids)
 
     # --- Subscriber: admin -----------------------------------------------------
@@ -306,7 +426,10 @@ class PubSubService:
         retry = self._retry(request)
         if await self.backend.get_subscription(native) is not None:
             raise already_exists(request.name)
-        await self._topic_exists(request.topic, topic)
+        topic_record = await self.backend.get_topic(topic)
+        if topic_record is None:
+            raise not_found(request.topic)
+        self._check_subscription_retention(request, topic_record)
         if dead_letter_topic is not None:
             await self._topic_exists(
                 request.dead_letter_policy.dead_letter_topic, dead_letter_topic
@@ -349,6 +472,7 @@ class PubSubService:
             "retry_policy",
             "labels",
             "enable_exactly_once_delivery",
+            "message_retention_duration",
         }
         if paths - supported:
             raise RpcError(
@@ -378,6 +502,8 @@ class PubSubService:
             settings["retry_policy"] = None if retry is None else dataclasses.asdict(retry)
         if "enable_exactly_once_delivery" in paths:
             settings["enable_exactly_once_delivery"] = wanted.enable_exactly_once_delivery
+        if "message_retention_duration" in paths:
+            self._check_subscription_retention(wanted, await self.backend.get_topic(record.topic))
         if "labels" in paths:
             await self.backend.set_labels("subscription", native, dict(wanted.labels))
         if settings != dict(record.settings):
@@ -432,6 +558,134 @@ class PubSubService:
             return names, ""
         return names[:size], names[size - 1]
 
+    # --- Subscriber: seek and snapshots ----------------------------------------
+    def _snapshot_message(self, snapshot: Snapshot) -> Any:
+        message = pb.Snapshot(
+            name=from_native(snapshot.name, "snapshots") or snapshot.name,
+            topic=from_native(snapshot.topic, "topics") or snapshot.topic,
+        )
+        message.expire_time.FromDatetime(snapshot.expires)
+        return message
+
+    @staticmethod
+    def _no_labels(labels: Any) -> None:
+        if labels:
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                "Snapshot labels are not kept by the streamsub gateway: create or update the "
+                "snapshot without labels.",
+            )
+
+    async def Seek(self, request: Any) -> Any:
+        native = self._native(request.subscription, "subscriptions")
+        target = request.WhichOneof("target")
+        to: datetime.datetime | str
+        if target == "time":
+            to = request.time.ToDatetime(tzinfo=datetime.UTC)
+        elif target == "snapshot":
+            to = self._native(request.snapshot, "snapshots")
+        else:
+            raise RpcError(Code.INVALID_ARGUMENT, "A seek needs a target: a time or a snapshot.")
+        try:
+            await self.client.seek(native, to=to)
+        except SubscriptionNotFoundError:
+            raise not_found(request.subscription) from None
+        except TopicNotFoundError:
+            raise RpcError(
+                Code.FAILED_PRECONDITION,
+                f"The subscription's topic was deleted (subscription={request.subscription}).",
+            ) from None
+        except NotFoundError:
+            raise not_found(request.snapshot) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+        await self.adapter.sought(native)
+        return pb.SeekResponse()
+
+    async def CreateSnapshot(self, request: Any) -> Any:
+        native = self._native(request.name, "snapshots")
+        subscription = self._native(request.subscription, "subscriptions")
+        self._no_labels(request.labels)
+        try:
+            snapshot = await self.client.create_snapshot(native, subscription)
+        except SubscriptionNotFoundError:
+            raise not_found(request.subscription) from None
+        except TopicNotFoundError:
+            raise RpcError(
+                Code.FAILED_PRECONDITION,
+                f"The subscription's topic was deleted (subscription={request.subscription}).",
+            ) from None
+        except AlreadyExistsError:
+            raise already_exists(request.name) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+        return self._snapshot_message(snapshot)
+
+    async def _snapshot(self, resource: str) -> Snapshot:
+        native = self._native(resource, "snapshots")
+        try:
+            return await self.client.get_snapshot(native)
+        except NotFoundError:
+            raise not_found(resource) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+
+    async def GetSnapshot(self, request: Any) -> Any:
+        return self._snapshot_message(await self._snapshot(request.snapshot))
+
+    async def ListSnapshots(self, request: Any) -> Any:
+        prefix = self._project(request.project)
+        snapshots = {s.name: s for s in await self.client.list_snapshots()}
+        names = sorted(n for n in snapshots if n.startswith(prefix))
+        page, token = self._page(names, request.page_size, request.page_token)
+        return pb.ListSnapshotsResponse(
+            snapshots=[self._snapshot_message(snapshots[n]) for n in page], next_page_token=token
+        )
+
+    async def ListTopicSnapshots(self, request: Any) -> Any:
+        native = self._native(request.topic, "topics")
+        await self._topic_exists(request.topic, native)
+        names = sorted(s.name for s in await self.client.list_snapshots() if s.topic == native)
+        page, token = self._page(names, request.page_size, request.page_token)
+        return pb.ListTopicSnapshotsResponse(
+            snapshots=[from_native(n, "snapshots") or n for n in page], next_page_token=token
+        )
+
+    async def UpdateSnapshot(self, request: Any) -> Any:
+        wanted = request.snapshot
+        paths = set(request.update_mask.paths)
+        if not paths:
+            raise RpcError(Code.INVALID_ARGUMENT, "The update_mask in the request is empty.")
+        unsupported = paths - {"labels", "expire_time"}
+        if unsupported:
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                "Invalid update_mask provided in the UpdateSnapshotRequest: a snapshot has "
+                f"labels and expire_time, not {', '.join(sorted(unsupported))}.",
+            )
+        snapshot = await self._snapshot(wanted.name)
+        if "labels" in paths:
+            self._no_labels(wanted.labels)
+        if "expire_time" in paths:
+            asked = wanted.expire_time.ToDatetime(tzinfo=datetime.UTC)
+            if abs((asked - snapshot.expires).total_seconds()) >= 1:
+                raise RpcError(
+                    Code.INVALID_ARGUMENT,
+                    "A streamsub snapshot expires seven days after it was created "
+                    f"({snapshot.expires.isoformat()}); its expire_time cannot be changed.",
+                )
+        return self._snapshot_message(snapshot)
+
+    async def DeleteSnapshot(self, request: Any) -> Any:
+        native = self._native(request.snapshot, "snapshots")
+        try:
+            await self.client.delete_snapshot(native)
+        except NotFoundError:
+            raise not_found(request.snapshot) from None
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
+        return Empty()
+
     # --- Subscriber: data ------------------------------------------------------
     def _received(self, view: SubscriptionView, items: Sequence[Received]) -> list[Any]:
         dead_letter = view.dead_letter_topic is not None
@@ -452,6 +706,7 @@ class PubSubService:
 
     async def Pull(self, request: Any) -> Any:
         view = await self._view(request.subscription)
+        self.trimmer.watch_subscription(view.name)
         if request.max_messages <= 0:
             raise RpcError(Code.INVALID_ARGUMENT, "max_messages must be greater than 0.")
         puller = self._unary_pullers.get(view.name)
@@ -539,6 +794,7 @@ class PubSubService:
             "stream_ack_deadline_seconds", first.stream_ack_deadline_seconds, (10, 600)
         )
         view = await self._view(first.subscription)
+        self.trimmer.watch_subscription(view.name)
         await self.adapter.delete_idle_consumers(view)
         settings = self.stream_settings
         puller = self.adapter.puller(
