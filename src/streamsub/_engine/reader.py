@@ -10,11 +10,17 @@ one per partition when several receive in the same instant (those wait on hold,
 counted in flow control). Several readers may
 run at once, each with its own reservation: one is parsed and handled while
 the server serves the other.
+
+On an ordered subscription a read that fails with its outcome unknown (a
+timeout, a reset) may have been run by the server, its entries now pending for
+this subscriber unseen: before it reads those partitions again, the reader
+takes back everything pending there (``recover``), so that no later message of
+their keys overtakes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .._backends.base import Backend, Entry, TopicRecord
 from .._core.flow import Grant
@@ -44,6 +50,7 @@ class Reader:
         deliver: Callable[[list[Entry], Grant], None],
         share: int,
         first_partition: int = 0,
+        recover: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self._backend = backend
         self._topic = topic
@@ -56,6 +63,9 @@ class Reader:
         self._next = first_partition
         self._polled_empty = 0
         """Partitions polled without finding anything since the last entry."""
+        self._recover = recover
+        self._unknown: set[int] = set()
+        """Partitions of failed reads whose entries may be pending here unseen."""
         self._stopping = False
         self.reading = False
         """True while a read is at the server (stop lets it finish, not cancels it)."""
@@ -87,6 +97,17 @@ class Reader:
         while not self._stopping:
             raise_if_cancelled()
             await self._assignment.wait()  # on an ordered subscription: until it owns some
+            if self._unknown:
+                assert self._recover is not None
+                unknown = sorted(self._unknown)
+                try:
+                    await self._recover(unknown)
+                except StreamsubError as exc:
+                    if isinstance(exc, NotFoundError):
+                        raise
+                    await errors.wait("taking back what a failed read delivered", exc)
+                    continue
+                self._unknown.difference_update(unknown)
             grant = await inventory.reserve(self._share)
             if self._stopping or not self._assignment.partitions:
                 inventory.unreserve(grant)
@@ -106,6 +127,8 @@ class Reader:
                     raise  # NotFoundError: the subscription is gone, for good
                 if self._stopping:
                     return
+                if self._recover is not None:
+                    self._unknown.update(partitions)
                 await errors.wait("reading", exc)
                 continue
             self.reading = False

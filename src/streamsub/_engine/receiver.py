@@ -199,6 +199,7 @@ class Receiver:
                 deliver=self._intake.read,
                 share=share,
                 first_partition=i * topic.partitions // READERS,
+                recover=self._reclaimer.recover if ordered else None,
             )
             for i in range(1 if ordered else READERS)
         ]

@@ -135,6 +135,12 @@ class Reclaimer:
         their key overtakes them), but for those this subscriber holds."""
         await self._pass(partitions, 0, take_parked=True)
 
+    async def recover(self, partitions: list[int]) -> None:
+        """Take back every entry pending in ``partitions``, idle or not, but for
+        those this subscriber holds and nacks waiting out their backoff: a read
+        whose reply was lost may have delivered them here."""
+        await self._pass(partitions, 0, take_parked=False)
+
     async def _pass(self, partitions: list[int], min_idle_ms: int, *, take_parked: bool) -> None:
         self._sweeping.update(partitions)
         try:
