@@ -212,7 +212,14 @@ class PartitionOwner:
                     self._group,
                 )
             self._handing_back = (self._handing_back - set(release)) | set(result.hand_back)
-            new = [p for p in result.owned if p not in self.owned and p not in self._taking]
+            # New: not owned before, or owned again under a new token (lost while
+            # renewals failed, then given back to us): either way, what is pending
+            # there is taken over before anything is read.
+            new = [
+                p
+                for p, token in result.owned.items()
+                if self.owned.get(p) != token and p not in self._taking
+            ]
             self.owned = dict(result.owned)
             self._handing_back &= set(self.owned)
             self._taking &= set(self.owned)
