@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 from .._settings import FlowControl
@@ -214,6 +214,14 @@ class FlowController(Generic[T]):
         if not self._hold:
             return []
         return self._admit()
+
+    def take_from_hold(self, chosen: Callable[[T], bool]) -> list[T]:
+        """Take the messages on hold that are ``chosen`` (to give them back); they
+        stay outstanding until ``finished(started=False)``."""
+        taken = [item for item, _ in self._hold if chosen(item)]
+        if taken:
+            self._hold = collections.deque(entry for entry in self._hold if not chosen(entry[0]))
+        return taken
 
     def drain_hold(self) -> list[T]:
         """Take every message on hold (to release them at shutdown); they stay

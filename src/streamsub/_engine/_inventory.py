@@ -253,6 +253,14 @@ class Inventory:
         waiting = self.order.drain() if self.order is not None else []
         return [*self.flow.drain_hold(), *waiting]
 
+    def take_waiting(self, partitions: Iterable[int]) -> list[Message]:
+        """The held messages of ``partitions`` that have not started (waiting for
+        their key's turn or for room), out of the flow hold: to give them back."""
+        chosen = set(partitions)
+        waiting = [m for m in self.held.values() if m._partition in chosen and not m._started]
+        self.flow.take_from_hold(lambda m: m._partition in chosen)
+        return waiting
+
     def holds(self, partition: int) -> bool:
         """Whether a message of ``partition`` is held or its outcome not yet sent."""
         return any(p == partition for p, _ in self.held) or any(

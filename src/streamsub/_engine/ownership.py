@@ -10,8 +10,10 @@ only the leaver's; and every new owner of a partition gets a larger fencing
 token.
 
 - **Join**: the members that hold a newcomer's partitions stop reading them,
-  let the messages they hold of them finish, then release them (cooperative);
-  the newcomer takes them at its next heartbeat.
+  give back the messages of them that have not started (waiting for their key's
+  turn, maybe behind a nack's backoff), let the running ones finish, then
+  release them (cooperative); the newcomer takes them at its next heartbeat,
+  taking over everything pending there first, parked nacks included.
 - **Crash**: a member that stops renewing loses its partitions when its lease
   expires; their new owner first takes over every entry still pending in them
   (their delivery counted again), so a crashed subscriber's in-flight message
@@ -120,6 +122,7 @@ class PartitionOwner:
         assignment: Assignment,
         busy: Callable[[int], bool],
         take_over: Callable[[list[int]], Awaitable[None]],
+        hand_over: Callable[[list[int]], None] = lambda partitions: None,
         clock: Callable[[], float],
         lease: float = OWNERSHIP_LEASE,
     ) -> None:
@@ -128,6 +131,7 @@ class PartitionOwner:
         self._group = group
         self._consumer = consumer
         self._busy = busy
+        self._hand_over = hand_over
         self._assignment = assignment
         self._take_over = take_over
         self._clock = clock
@@ -211,7 +215,12 @@ class PartitionOwner:
                     sorted(lost),
                     self._group,
                 )
-            self._handing_back = (self._handing_back - set(release)) | set(result.hand_back)
+            handing_back = (self._handing_back - set(release)) | set(result.hand_back)
+            if handing_back - self._handing_back:
+                # What waits there goes back now, for the new owner to take over in
+                # order: a key blocked on a long backoff must not hold the move.
+                self._hand_over(sorted(handing_back - self._handing_back))
+            self._handing_back = handing_back
             # New: not owned before, or owned again under a new token (lost while
             # renewals failed, then given back to us): either way, what is pending
             # there is taken over before anything is read.
@@ -258,8 +267,10 @@ class PartitionOwner:
         self._assign()
 
     def _assign(self) -> None:
-        owned = set(self.owned) - self._taking
-        self._assignment.set(owned - self._handing_back, swept=owned, valid_until=self._valid_until)
+        # Partitions being handed over are neither read nor swept: what waits or
+        # comes back there (a nack) is the new owner's to take over, in order.
+        kept = set(self.owned) - self._taking - self._handing_back
+        self._assignment.set(kept, valid_until=self._valid_until)
 
     async def leave(self) -> None:
         """Release every partition and the membership (acks are sent by now)."""

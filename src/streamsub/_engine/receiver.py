@@ -214,6 +214,7 @@ class Receiver:
                 assignment=self._assignment,
                 busy=self._busy,
                 take_over=self._reclaimer.take_over,
+                hand_over=self._hand_over,
                 clock=clock,
                 lease=ownership.OWNERSHIP_LEASE,
             )
@@ -388,6 +389,11 @@ class Receiver:
         )
 
     # --- between the parts -------------------------------------------------------
+    def _hand_over(self, partitions: list[int]) -> None:
+        """Partitions are being handed over: give back what waits there unstarted."""
+        for message in self._inventory.take_waiting(partitions):
+            self._settler.release(message)
+
     def _token(self, partition: int) -> int:
         return self._owner.owned.get(partition, 0) if self._owner is not None else 0
 
