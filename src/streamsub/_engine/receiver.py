@@ -175,6 +175,7 @@ class Receiver:
             exactly_once=bool(settings.get("enable_exactly_once_delivery")),
             dead_letter_topic=dead_letter_topic,
             on_nacked=self._reclaimer.wake_in,
+            checked_acks=ordered,
         )
         self._intake = Intake(
             topic=topic.name,

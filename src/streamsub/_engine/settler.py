@@ -85,6 +85,7 @@ class Settler:
         exactly_once: bool,
         dead_letter_topic: TopicRecord | None,
         on_nacked: Callable[[float], None],
+        checked_acks: bool = False,
     ) -> None:
         self._backend = backend
         self._topic = topic
@@ -96,6 +97,9 @@ class Settler:
         self._max_attempts = max_attempts
         self._retry = retry
         self._exactly_once = exactly_once
+        # Exactly-once, and ordered subscriptions (a deposed owner's late ack must
+        # not settle the delivery a new owner took over): acks checked in Redis.
+        self._checked_acks = exactly_once or checked_acks
         self._dead_letter_topic = dead_letter_topic
         self._on_nacked = on_nacked
         self._acks: dict[int, list[str]] = collections.defaultdict(list)
@@ -150,7 +154,7 @@ class Settler:
             return
         self._counters.acked += 1
         partition = message._partition
-        if self._exactly_once:
+        if self._checked_acks:
             future = self._loop.create_future()
             future.add_done_callback(_log_lost_lease)
             self._owned[partition].append(
@@ -532,6 +536,7 @@ def _prepend(queue: dict[int, list[_T]], items: dict[int, list[_T]]) -> None:
 
 
 def _log_lost_lease(future: asyncio.Future[None]) -> None:
-    """Plain acks in exactly-once mode report a lost lease in the log only."""
+    """Plain acks checked in Redis (exactly-once, ordered) report a lost lease in
+    the log only."""
     if not future.cancelled() and (exc := future.exception()) is not None:
         log.warning("streamsub: %s", exc)
