@@ -180,14 +180,26 @@ class PublishRoom:
         with self._condition:
             return self._budget.messages, self._budget.bytes
 
-    def enter(self, messages: int, size: int) -> bool:
+    def enter(
+        self,
+        messages: int,
+        size: int,
+        paused: Callable[[], BaseException | None] = lambda: None,
+    ) -> bool:
         """Under ``BLOCK``, wait until a call of ``messages`` and ``size`` bytes fits,
         count it and return True (hand its future to :meth:`leave_when_done`).
-        Otherwise return False at once: ``ERROR`` and ``IGNORE`` are the gate's."""
+        Otherwise return False at once: ``ERROR`` and ``IGNORE`` are the gate's.
+
+        ``paused`` says whether one of the call's ordering keys is paused (the
+        error to raise): checked before waiting and at every wake-up, so such a
+        call fails at once instead of waiting for room and being stored after the
+        key's republished messages."""
         if not self._blocks:
             return False
         budget = self._budget
         with self._condition:
+            if (error := paused()) is not None:
+                raise error
             if not self._line and budget.fits(messages, size):
                 budget.take(messages, size)
                 return True
@@ -196,11 +208,18 @@ class PublishRoom:
             try:
                 while self._line[0] is not ticket or not budget.fits(messages, size):
                     self._condition.wait()
+                    if (error := paused()) is not None:
+                        raise error
                 budget.take(messages, size)
             finally:  # admitted, or interrupted (KeyboardInterrupt): make way
                 self._line.remove(ticket)
                 self._condition.notify_all()
             return True
+
+    def wake(self) -> None:
+        """Wake the threads waiting for room to look again (keys were paused)."""
+        with self._condition:
+            self._condition.notify_all()
 
     def leave(self, messages: int, size: int) -> None:
         """Give a call's share back and wake the threads waiting for room."""

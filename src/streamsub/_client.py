@@ -11,7 +11,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
@@ -707,6 +707,18 @@ class Client:
         publisher = self._publishers.get(topic)
         if publisher is not None:
             publisher.resume(ordering_key)
+
+    def _first_paused(self, topic: str, keys: Iterable[str | None]) -> str | None:
+        """The first of ``keys`` that a failed publish paused on ``topic`` (safe to
+        call from any thread: it only reads)."""
+        publisher = self._publishers.get(topic)
+        if publisher is None:
+            return None
+        return next((key for key in keys if key is not None and publisher.paused(key)), None)
+
+    def _watch_pauses(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the loop) whenever a failed publish pauses keys."""
+        self._publish_gate.watch_pauses(callback)
 
     def _forget_publisher(self, publisher: TopicPublisher) -> None:
         """The topic was deleted under the publisher: the next publish looks it up anew."""

@@ -43,9 +43,9 @@ import datetime
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from . import _client
 from ._backends.base import Backend
@@ -66,6 +66,7 @@ from ._core.stats import Stats
 from ._engine.deadletters import DeadLetter
 from ._engine.dispatcher import DEFAULT_HANDLER_THREADS
 from ._engine.receiver import AckMode, Handler, ReceiverStatistics
+from ._errors import OrderingKeyPausedError
 from ._message import OutgoingMessage
 from ._settings import (
     DEFAULT_ACK_DEADLINE,
@@ -253,6 +254,7 @@ class Client:
         except BaseException:
             self._loop.stop(_nothing)
             raise
+        self._client._watch_pauses(self._room.wake)
         with _open_clients_lock:
             _open_clients.add(self)
 
@@ -328,7 +330,10 @@ class Client:
         if isinstance(attributes, Mapping):
             attributes = dict(attributes)  # the caller may change theirs once we return
         size = size_of(data, ordering_key, attributes)
-        entered = self._room.enter(1, size)
+        try:
+            entered = self._room.enter(1, size, self._pause_check(topic, [ordering_key]))
+        except OrderingKeyPausedError as exc:
+            return _failed(exc)
         try:
             future = self._loop.submit(
                 self._client.publish, topic, data, ordering_key=ordering_key, attributes=attributes
@@ -340,6 +345,17 @@ class Client:
         if entered:
             self._room.leave_when_done(future, 1, size)
         return future
+
+    def _pause_check(
+        self, topic: str, keys: list[str | None]
+    ) -> Callable[[], OrderingKeyPausedError | None]:
+        """What tells a call waiting for room that one of its keys was paused."""
+
+        def paused() -> OrderingKeyPausedError | None:
+            key = self._client._first_paused(topic, keys)
+            return None if key is None else OrderingKeyPausedError(topic, key)
+
+        return paused
 
     def resume_publish(self, topic: str, ordering_key: str) -> None:
         """Let publishes to ``topic`` with ``ordering_key`` go again after a failed
@@ -364,7 +380,11 @@ class Client:
             for m in messages
         )
         count = len(messages)
-        entered = bool(count) and self._room.enter(count, size)
+        keys = [m.ordering_key for m in messages if isinstance(m, OutgoingMessage)]
+        try:
+            entered = bool(count) and self._room.enter(count, size, self._pause_check(topic, keys))
+        except OrderingKeyPausedError as exc:
+            return _failed(exc)
         try:
             future = self._loop.submit(self._client.publish_many, topic, messages)
         except BaseException:
@@ -612,3 +632,10 @@ class Client:
 
 async def _nothing() -> None:
     """Nothing to close: the client never opened."""
+
+
+def _failed(error: BaseException) -> concurrent.futures.Future[Any]:
+    """A future that has already failed with ``error``."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.set_exception(error)
+    return future

@@ -91,6 +91,12 @@ class PublishGate:
     def __init__(self, settings: PublishFlowControl) -> None:
         self._budget = PublishBudget(settings)
         self._line: collections.deque[_Entry] = collections.deque()
+        self._pause_watchers: list[Callable[[], None]] = []
+
+    def watch_pauses(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever ordering keys are paused (the blocking client
+        wakes its threads waiting for room, to fail those of a paused key)."""
+        self._pause_watchers.append(callback)
 
     @property
     def outstanding(self) -> tuple[int, int]:
@@ -166,6 +172,8 @@ class PublishGate:
         its later message would be stored first. It took nothing: it leaves
         the line, and the calls behind it may go in.
         """
+        for watcher in self._pause_watchers:
+            watcher()
         failed: list[_Entry] = []
         for entry in self._line:
             if entry.future.done() or entry.topic != topic:
