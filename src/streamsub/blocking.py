@@ -45,7 +45,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from . import _client
 from ._backends.base import Backend
@@ -66,7 +66,7 @@ from ._core.stats import Stats
 from ._engine.deadletters import DeadLetter
 from ._engine.dispatcher import DEFAULT_HANDLER_THREADS
 from ._engine.receiver import AckMode, Handler, ReceiverStatistics
-from ._errors import OrderingKeyPausedError
+from ._errors import ClosedError, OrderingKeyPausedError
 from ._message import OutgoingMessage
 from ._settings import (
     DEFAULT_ACK_DEADLINE,
@@ -335,8 +335,14 @@ class Client:
         except OrderingKeyPausedError as exc:
             return _failed(exc)
         try:
-            future = self._loop.submit(
-                self._client.publish, topic, data, ordering_key=ordering_key, attributes=attributes
+            future = _uncancellable(
+                self._loop.submit(
+                    self._client.publish,
+                    topic,
+                    data,
+                    ordering_key=ordering_key,
+                    attributes=attributes,
+                )
             )
         except BaseException:
             if entered:
@@ -386,7 +392,7 @@ class Client:
         except OrderingKeyPausedError as exc:
             return _failed(exc)
         try:
-            future = self._loop.submit(self._client.publish_many, topic, messages)
+            future = _uncancellable(self._loop.submit(self._client.publish_many, topic, messages))
         except BaseException:
             if entered:
                 self._room.leave(count, size)
@@ -639,3 +645,36 @@ def _failed(error: BaseException) -> concurrent.futures.Future[Any]:
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
     future.set_exception(error)
     return future
+
+
+T = TypeVar("T")
+
+
+class _PublishFuture(concurrent.futures.Future[T]):
+    """A publish's future. As Pub/Sub's, it cannot be cancelled (:meth:`cancel`
+    returns False): once ``publish`` has returned, the message is on its way and
+    may be stored whatever its caller does."""
+
+    def cancel(self) -> bool:
+        return False
+
+
+def _uncancellable(inner: concurrent.futures.Future[T]) -> concurrent.futures.Future[T]:
+    """``inner``'s outcome, in a future that refuses to be cancelled."""
+    outer: _PublishFuture[T] = _PublishFuture()
+
+    def copy(done: concurrent.futures.Future[T]) -> None:
+        if done.cancelled():  # the loop stopped under it
+            outer.set_exception(
+                ClosedError(
+                    "the client closed before the publish completed; the message may "
+                    "or may not be stored"
+                )
+            )
+        elif (error := done.exception()) is not None:
+            outer.set_exception(error)
+        else:
+            outer.set_result(done.result())
+
+    inner.add_done_callback(copy)
+    return outer

@@ -1,0 +1,54 @@
+"""Cancelling the future ``streamsub.blocking.Client.publish`` returns.
+
+Pub/Sub's publish future cannot be cancelled (``cancel()`` returns False: the
+message is on its way). The blocking client's is the plain future of
+``run_coroutine_threadsafe``: ``cancel()`` says yes and cancels the task that
+waits for the id, but the message, already queued, is written all the same."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+import streamsub
+import streamsub.blocking
+from streamsub.testing import RedisServer, redis_server
+
+
+@pytest.fixture
+def own_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
+    """A private server: its writes are paused."""
+    with redis_server(data_dir, binary=redis_binary) as running:
+        yield running
+
+
+@pytest.mark.timeout(30)
+def test_a_publish_future_that_says_it_was_cancelled_was_not_published(
+    own_server: RedisServer,
+) -> None:
+    """While Redis holds writes (CLIENT PAUSE WRITE, 1 s), 20 publishes are made and
+    their futures cancelled. Each future either refuses (cancel() False, as
+    Pub/Sub's: the message is then stored) or reports cancelled, and then the
+    message must not be stored: an application that publishes a "cancelled"
+    message again must not get it twice (README: publish "returns a
+    concurrent.futures.Future of the message id at once, as Pub/Sub's does")."""
+    admin = redis.Redis.from_url(own_server.url)
+    try:
+        with streamsub.blocking.connect(own_server.url, trim_in_background=False) as client:
+            client.create_topic("orders", partitions=1)
+            client.publish("orders", b"warm-up").result(timeout=10)
+            admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+            futures = [client.publish("orders", f"m{n}".encode()) for n in range(20)]
+            time.sleep(0.2)  # queued and written: the write waits at the server
+            said_cancelled = {n for n, future in enumerate(futures) if future.cancel()}
+            time.sleep(1.5)
+        stored = {fields[b"d"] for _, fields in admin.xrange("ss:{orders.0}")}
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+    both = sorted(n for n in said_cancelled if f"m{n}".encode() in stored)
+    assert not both, f"{len(both)} publishes reported cancelled were stored: m{both[:5]}..."
