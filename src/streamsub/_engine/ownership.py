@@ -46,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from .._backends.base import Backend, TopicRecord
-from .._errors import NotFoundError, StreamsubError
+from .._errors import NotFoundError, StreamsubError, UnavailableError
 from ._retrying import Backoff, raise_if_cancelled
 
 __all__ = ["OWNERSHIP_LEASE", "Assignment", "PartitionOwner"]
@@ -195,6 +195,13 @@ class PartitionOwner:
             except (StreamsubError, TimeoutError) as exc:
                 if self._stopping:
                     return
+                if isinstance(exc, TimeoutError):
+                    exc = UnavailableError(
+                        f"Redis did not answer the lease renewal within "
+                        f"{max(self._lease / 3, self._valid_until - started):.1f} s; "
+                        "this subscriber stops reading its partitions once its lease may "
+                        "have run out: check the network to Redis and the server's load"
+                    )
                 if self._clock() >= self._valid_until:  # our leases may have run out
                     self._assignment.set([], swept=[])
                 await errors.wait("keeping partition ownership", exc)
