@@ -56,3 +56,13 @@ async def proxy() -> AsyncIterator[Proxy]:
     """An unstarted TCP proxy on loopback (tests/_proxy.py), closed when the test ends."""
     async with Proxy() as running:
         yield running
+
+
+@pytest.fixture
+def short_ownership_lease(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A 2 s partition lease on ordered subscriptions, so that a lapse shows within
+    a test."""
+    from streamsub._engine import ownership
+
+    monkeypatch.setattr(ownership, "OWNERSHIP_LEASE", 2.0)
+    return 2.0

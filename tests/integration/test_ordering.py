@@ -366,15 +366,6 @@ async def test_a_nack_comes_back_when_its_keys_later_messages_fill_the_budget(
     assert seen == [(0, 1), (0, 2)] + [(n, 1) for n in range(1, 40)]
 
 
-@pytest.fixture
-def short_ownership_lease(monkeypatch: pytest.MonkeyPatch) -> float:
-    """A 2 s partition lease, so that a lapse shows within a test."""
-    from streamsub._engine import ownership
-
-    monkeypatch.setattr(ownership, "OWNERSHIP_LEASE", 2.0)
-    return 2.0
-
-
 async def test_a_stopping_owner_keeps_its_partitions_until_its_handlers_finish(
     client: streamsub.Client, server: RedisServer, short_ownership_lease: float
 ) -> None:

@@ -14,15 +14,6 @@ from tests._wait import until
 from tests.ordered_faults._keys import ordered
 
 
-@pytest.fixture
-def short_ownership_lease(monkeypatch: pytest.MonkeyPatch) -> float:
-    """A 2 s partition lease, so that renewals time out within a test."""
-    from streamsub._engine import ownership
-
-    monkeypatch.setattr(ownership, "OWNERSHIP_LEASE", 2.0)
-    return 2.0
-
-
 @pytest.mark.timeout(30)
 async def test_a_renewal_that_times_out_is_logged_with_its_reason(
     client: streamsub.Client,

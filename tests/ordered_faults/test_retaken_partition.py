@@ -17,15 +17,6 @@ from tests._wait import until
 from tests.ordered_faults._keys import Journal, keyed, ordered
 
 
-@pytest.fixture
-def short_ownership_lease(monkeypatch: pytest.MonkeyPatch) -> float:
-    """A 2 s partition lease, so that a lapse shows within a test."""
-    from streamsub._engine import ownership
-
-    monkeypatch.setattr(ownership, "OWNERSHIP_LEASE", 2.0)
-    return 2.0
-
-
 @pytest.mark.timeout(60)
 async def test_an_owner_that_gets_its_partition_back_takes_over_what_is_pending_first(
     client: streamsub.Client, server: RedisServer, proxy: Proxy, short_ownership_lease: float

@@ -20,15 +20,6 @@ from tests._wait import until
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
 
 
-@pytest.fixture
-def short_ownership_lease(monkeypatch: pytest.MonkeyPatch) -> float:
-    """A 2 s partition lease, so that a lapse shows within a test."""
-    from streamsub._engine import ownership
-
-    monkeypatch.setattr(ownership, "OWNERSHIP_LEASE", 2.0)
-    return 2.0
-
-
 @pytest.mark.timeout(60)
 async def test_a_deposed_owners_late_ack_does_not_settle_the_new_owners_delivery(
     client: streamsub.Client,

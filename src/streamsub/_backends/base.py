@@ -81,6 +81,9 @@ class Ownership:
     """Live members of the subscription."""
     waiting: int
     """Partitions that are this member's by right but still held by another."""
+    fenced: bool = False
+    """Another subscriber took this member's name over (see ``instance`` in
+    :meth:`Backend.own_partitions`): this one owns nothing and must stop."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -365,11 +368,19 @@ class Backend(Protocol):
         release: Sequence[int] = (),
         leave: bool = False,
         take: bool = True,
+        instance: str = "",
+        claim: bool = False,
     ) -> Ownership:
         """Heartbeat of ``member`` of ordered subscription ``group``: extend its
         membership and the partitions it owns, take those that are its by right
         and free (unless not ``take``), release ``release`` (all, and the
-        membership, when ``leave``)."""
+        membership, when ``leave``).
+
+        ``instance`` tells apart subscribers that use one member name: the one
+        that heartbeats with ``claim`` (its first heartbeat) takes the name over,
+        with what it owns under new fencing tokens, as Kafka's static members
+        do; the other is answered ``fenced`` from then on, and nothing of its
+        heartbeat is done."""
         ...
 
     async def partition_owners(self, group: str) -> dict[int, tuple[str, int]]:

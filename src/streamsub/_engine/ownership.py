@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -147,6 +148,11 @@ class PartitionOwner:
         self._wake = asyncio.Event()
         self._stopping = False
         self._frozen = False
+        self._instance = secrets.token_hex(8)
+        """Tells this subscriber from another that uses the same consumer name."""
+        self._claimed = False
+        self.fenced = False
+        """Another subscriber took this consumer name over: this one owns nothing."""
 
     def freeze(self) -> None:
         """The subscriber stops: keep renewing what it owns while its handlers
@@ -162,6 +168,11 @@ class PartitionOwner:
         self._wake.set()
         for task in self._tasks:
             task.cancel()
+
+    def surely_owned(self) -> dict[int, int]:
+        """The partitions (and tokens) surely ours now: none once the lease may
+        have run out, until a renewal says again."""
+        return dict(self.owned) if self._clock() < self._valid_until else {}
 
     def owns(self, partition: int, token: int) -> bool:
         """Whether ``partition`` is surely ours now, under fencing ``token`` (see the
@@ -187,6 +198,8 @@ class PartitionOwner:
                         int(self._lease * 1000),
                         release=release,
                         take=not self._frozen,
+                        instance=self._instance,
+                        claim=not self._claimed,
                     ),
                     max(self._lease / 3, self._valid_until - started),
                 )
@@ -207,6 +220,10 @@ class PartitionOwner:
                 await errors.wait("keeping partition ownership", exc)
                 continue
             errors.reset()
+            self._claimed = True
+            if result.fenced:
+                self._fence()
+                return
             # Not renewed for a lease, a partition is another's: stop reading a
             # third of a lease before that.
             self._valid_until = started + self._lease * 2 / 3
@@ -258,6 +275,22 @@ class PartitionOwner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), interval)
 
+    def _fence(self) -> None:
+        """Another subscriber took our consumer name over: own nothing, for good."""
+        log.error(
+            "streamsub: another subscriber of %r started with consumer name %r and took "
+            "its partitions over; this one reads nothing more. Give each subscriber of "
+            "an ordered subscription its own consumer name (the default is unique)",
+            self._group,
+            self._consumer,
+        )
+        self.fenced = True
+        self.owned = {}
+        self._valid_until = 0.0
+        for task in self._tasks:
+            task.cancel()
+        self._assignment.set([], valid_until=0.0)
+
     async def _take(self, partitions: list[int]) -> None:
         """Take over what is pending in newly owned partitions, then read them (not
         before: a later message of a key must not overtake a pending one)."""
@@ -281,11 +314,13 @@ class PartitionOwner:
 
     async def leave(self) -> None:
         """Release every partition and the membership (acks are sent by now)."""
-        await self._backend.own_partitions(
-            self._topic,
-            self._group,
-            self._consumer,
-            int(self._lease * 1000),
-            leave=True,
-        )
+        if not self.fenced:
+            await self._backend.own_partitions(
+                self._topic,
+                self._group,
+                self._consumer,
+                int(self._lease * 1000),
+                leave=True,
+                instance=self._instance,
+            )
         self.owned = {}

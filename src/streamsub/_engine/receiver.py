@@ -385,7 +385,7 @@ class Receiver:
             flow=self._inventory.flow.statistics(),
             held_for_order=order.waiting if (order := self._inventory.order) else 0,
             partitions=tuple(self._assignment.partitions),
-            owned=dict(self._owner.owned) if self._owner is not None else {},
+            owned=self._owner.surely_owned() if self._owner is not None else {},
             expired=c.expired,
         )
 

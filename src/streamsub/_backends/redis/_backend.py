@@ -868,6 +868,8 @@ class RedisBackend:
         release: Sequence[int] = (),
         leave: bool = False,
         take: bool = True,
+        instance: str = "",
+        claim: bool = False,
     ) -> Ownership:
         keys = [_keys.members_key(group), _keys.owners_key(group)]
         args: list[str | int] = [
@@ -876,15 +878,18 @@ class RedisBackend:
             topic.partitions,
             "1" if leave else "0",
             "1" if take else "0",
+            "1" if claim else "0",
+            instance,
         ]
         args.extend(release)
         with self._errors():
-            owned, give, members, waiting = await self._evalsha(self._own, keys, args)
+            owned, give, members, waiting, fenced = await self._evalsha(self._own, keys, args)
         return Ownership(
             owned={int(owned[i]): int(owned[i + 1]) for i in range(0, len(owned), 2)},
             hand_back=frozenset(int(p) for p in give),
             members=int(members),
             waiting=int(waiting),
+            fenced=bool(int(fenced)),
         )
 
     async def partition_owners(self, group: str) -> dict[int, tuple[str, int]]:

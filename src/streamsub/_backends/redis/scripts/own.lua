@@ -19,27 +19,63 @@
 -- takes a partition that is its by right once the partition is free: released,
 -- never owned, or its owner's lease expired (crashed).
 --
+-- Two subscribers may use one member name (a restart, or a mistake): the
+-- owners hash records under "i:<member>" the instance that holds the name. An
+-- instance's first heartbeat claims the name, and what the name owns passes to
+-- it under new fencing tokens (as Kafka's static members fence the old one);
+-- any other instance's heartbeat is answered "fenced" and does nothing.
+--
 -- KEYS[1]: members, KEYS[2]: owners.
 -- ARGV[1]: member, ARGV[2]: lease (ms), ARGV[3]: partitions, ARGV[4]: "1" to
 -- leave (release everything, stop being a member), ARGV[5]: "1" to take free
 -- partitions that are the member's by right ("0" while it stops: it keeps and
--- renews what it owns, takes nothing new), ARGV[6..]: partitions to release.
--- Returns {{p, token, ...} owned, {p, ...} to hand back, members, waiting}:
--- "waiting" counts the partitions that are this member's by right but still
--- held by another live owner.
+-- renews what it owns, takes nothing new), ARGV[6]: "1" to claim the name,
+-- ARGV[7]: the instance ('' for none: no check), ARGV[8..]: partitions to
+-- release.
+-- Returns {{p, token, ...} owned, {p, ...} to hand back, members, waiting,
+-- fenced}: "waiting" counts the partitions that are this member's by right but
+-- still held by another live owner.
 redis.replicate_commands()
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local me, lease, count = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local leaving, taking = ARGV[4] == '1', ARGV[5] == '1'
+local claiming, instance = ARGV[6] == '1', ARGV[7]
 local release = {}
-for i = 6, #ARGV do
+for i = 8, #ARGV do
   release[tonumber(ARGV[i])] = true
 end
 
+if instance ~= '' then
+  local holder = redis.call('HGET', KEYS[2], 'i:' .. me)
+  if holder and holder ~= instance and not claiming then
+    return {{}, {}, redis.call('ZCARD', KEYS[1]), 0, 1}
+  end
+  if holder ~= instance then
+    redis.call('HSET', KEYS[2], 'i:' .. me, instance)
+    for p = 0, count - 1 do
+      local value = redis.call('HGET', KEYS[2], p)
+      if value then
+        local owner, _, expiry = string.match(value, '^(.*) (%d+) (%d+)$')
+        if owner == me then
+          local new = redis.call('HINCRBY', KEYS[2], 't' .. p, 1)
+          redis.call('HSET', KEYS[2], p, me .. ' ' .. new .. ' ' .. expiry)
+        end
+      end
+    end
+  end
+end
+
+-- Members gone (their leases ended) take their name records with them.
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  if gone ~= me then
+    redis.call('HDEL', KEYS[2], 'i:' .. gone)
+  end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if leaving then
   redis.call('ZREM', KEYS[1], me)
+  redis.call('HDEL', KEYS[2], 'i:' .. me)
 else
   redis.call('ZADD', KEYS[1], now + lease, me)
 end
@@ -144,4 +180,4 @@ end
 -- The owners hash stays (its token counters must only grow); deleting the
 -- subscription deletes it.
 redis.call('PEXPIRE', KEYS[1], lease * 10)
-return {owned, give, #members, waiting}
+return {owned, give, #members, waiting, 0}
