@@ -4,7 +4,10 @@ Usage: python -m tests.faults._ordered_subscriber URL SUBSCRIPTION CONSUMER [STA
 
 Each handled message is recorded, before the handler returns (so before it is
 acked), as "key index attempt consumer" at the tail of the Redis list
-``test:handled``: one list in handling order across every process. "ready" goes
+``test:handled``: one list in handling order across every process. The list
+``test:events`` gets "key index consumer start" as a handler begins and "...
+end" once its record is in, both confirmed by Redis before the handler goes
+on: a key's handlers overlapped if two starts come without an end between. "ready" goes
 to stdout once the subscriber runs.
 
 With STALL (seconds), the process stalls once the way a handler can stall a
@@ -44,8 +47,10 @@ async def main(url: str, subscription: str, consumer: str, stall: float) -> None
     async def handler(message: streamsub.Message) -> None:
         key, index = message.data.decode().split(":")
         record = f"{key} {index} {message.delivery_attempt} {consumer}"
+        await journal.rpush("test:events", f"{key} {index} {consumer} start")
         await asyncio.sleep(random.uniform(0, 0.002))
         await journal.rpush("test:handled", record)
+        await journal.rpush("test:events", f"{key} {index} {consumer} end")
 
     async def stalling_handler(message: streamsub.Message) -> None:
         key, index = message.data.decode().split(":")
@@ -71,6 +76,21 @@ async def main(url: str, subscription: str, consumer: str, stall: float) -> None
     ):
         print("ready", flush=True)
         await asyncio.Event().wait()  # until killed
+
+
+def check_one_at_a_time(events: list[bytes], killed: str) -> None:
+    """Assert that each key's handlers ran one at a time: after a start, the next
+    event of the key is that handler's end, but where ``killed`` started a
+    handler that never ended."""
+    running: dict[str, tuple[str, str]] = {}
+    for raw in events:
+        key, index, consumer, what = raw.decode().split()
+        if what == "start":
+            if key in running:
+                assert running[key][1] == killed, f"{key}: {running[key]} and {index} at once"
+            running[key] = (index, consumer)
+        else:
+            assert running.pop(key, None) == (index, consumer), f"{key}: {index} ended unstarted"
 
 
 def check_key(records: list[tuple[int, int, str]], killed: str) -> int:

@@ -16,7 +16,7 @@ import redis
 import streamsub
 from streamsub.testing import redis_server
 from tests._wait import until
-from tests.faults._ordered_subscriber import check_key
+from tests.faults._ordered_subscriber import check_key, check_one_at_a_time
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = 200
@@ -43,8 +43,8 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
     """50,000 messages over 200 keys, four subscriber processes on an ordered
     subscription; one is SIGKILLed a quarter of the way and a fifth joins at
     three fifths (the rest is published once it owns its share): every message
-    is handled, each key's first handlings are in
-    publish order (the killed one's held messages handled again before anything
+    is handled, no key ever runs two handlers at once, each key's first
+    handlings are in publish order (the killed one's held messages handled again before anything
     later of their keys), and every subscriber that was alive received work."""
     with redis_server(tmp_path / "redis", binary=redis_binary) as server:
         inspect = redis.Redis.from_url(server.url)
@@ -98,6 +98,7 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
                 await publish(per_key * 3 // 5, per_key)
                 await until(lambda: distinct() >= MESSAGES, 180, "every message handled")
                 journal = inspect.lrange("test:handled", 0, -1)
+                events = inspect.lrange("test:events", 0, -1)
             finally:
                 for process in procs.values():
                     process.kill()
@@ -110,6 +111,7 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
         by_consumer[consumer] += 1
     assert sorted(per_key) == sorted(keys)
     restarts = sum(check_key(per_key[key], killed="a") for key in keys)
+    check_one_at_a_time(events, killed="a")
     assert all(max(i for i, _, _ in per_key[key]) == MESSAGES // KEYS - 1 for key in keys)
     assert set(by_consumer) == {"a", "b", "c", "d", "e"}, by_consumer
     assert restarts <= KEYS, restarts
