@@ -485,6 +485,16 @@ class RedisBackend:
         with self._errors():
             await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
             await self._redis.srem(_keys.TOPICS, record.name)
+            # Publishers' links (one per publisher and partition, expiring within a
+            # minute anyway): found by name, as their writers are not known here.
+            streams = {key + ":link:" for key in self._keys(record)}
+            links = [
+                key
+                async for key in self._redis.scan_iter(match=_keys.link_pattern(record.name))
+                if key.decode().partition(":link:")[0] + ":link:" in streams
+            ]
+            if links:
+                await self._redis.delete(*links)
 
     # --- subscriptions ---------------------------------------------------------
     @staticmethod

@@ -19,6 +19,7 @@ __all__ = [
     "holds_key",
     "labels_key",
     "link_key",
+    "link_pattern",
     "lock_key",
     "members_key",
     "owners_key",
@@ -55,6 +56,12 @@ def link_key(stream: str, writer: str) -> str:
     expiring after a minute), which the writes it has in flight behind it check;
     it shares the stream's tag."""
     return f"{stream}:link:{writer}"
+
+
+def link_pattern(topic: str) -> str:
+    """A SCAN pattern that finds every link of ``topic``'s partitions (and maybe of
+    other topics whose names start alike: check the stream part)."""
+    return f"ss:{{{topic}.*}}:link:*"
 
 
 def delay_key(topic: str, partition: int, group: str) -> str:
