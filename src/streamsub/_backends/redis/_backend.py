@@ -218,7 +218,7 @@ class RedisBackend:
         if ssl_ca_certs is not None:
             options["ssl_ca_certs"] = str(ssl_ca_certs)
         tls = {**{k: v for k, v in query.items() if k.startswith("ssl_")}, **options}
-        if scheme != "rediss" and tls:
+        if scheme not in ("rediss", "rediss+cluster") and tls:
             raise InvalidArgumentError(
                 f"TLS options ({', '.join(tls)}) need a rediss:// URL, not {redact(url)!r}"
             )
@@ -230,12 +230,42 @@ class RedisBackend:
                     "CA that signed the server's certificate (ssl_ca_certs) or your "
                     "client certificate and key"
                 )
-        if scheme in ("redis", "rediss"):  # TCP: unix sockets take no keepalive
+        if scheme != "unix":  # TCP: unix sockets take no keepalive
             options["socket_keepalive"] = True
             options["socket_keepalive_options"] = _KEEPALIVE_OPTIONS
         # redis-py types its asyncio commands as ``Awaitable[T] | T``; the
         # results are checked where they are read instead.
-        self._redis: Any
+        self._redis: Any = self._open(url, options, socket_timeout, max_connections)
+        self._socket_timeout = float(socket_timeout)
+        self._append = _Script(_script("append.lua"))
+        self._appender = self._in_order(socket_timeout)
+        self._create_record = _Script(_script("create_record.lua"))
+        self._ack = _Script(_script("ack.lua"))
+        self._extend = _Script(_script("extend.lua"))
+        self._nack = _Script(_script("nack.lua"))
+        self._reclaim = _Script(_script("reclaim.lua"))
+        self._dead_letter = _Script(_script("dead_letter.lua"))
+        self._ack_owned = _Script(_script("ack_owned.lua"))
+        self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
+        self._trim = _Script(_script("trim.lua", ids=True))
+        self._unlock = _Script(_script("unlock.lua"))
+        self._set_field = _Script(_script("set_field.lua"))
+        self._replace_hash = _Script(_script("replace_hash.lua"))
+        self._extend_lock = _Script(_script("extend_lock.lua"))
+        self._seek = _Script(_script("seek.lua"))
+        self._delete_entries = _Script(_script("delete_entries.lua"))
+        self._claim_entries = _Script(_script("claim_entries.lua"))
+        self._stats = _Script(_script("stats.lua"))
+        self._own = _Script(_script("own.lua"))
+        self._hold = _Script(_script("snapshot.lua", ids=True))
+        self._partition_tags: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
+        self._stream_keys: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
+        self._partition_of: dict[bytes, int] = {}
+
+    def _open(
+        self, url: str, options: dict[str, Any], socket_timeout: float, max_connections: int
+    ) -> Any:
+        """The redis-py client for ``url``; ``options``: TLS and keepalive settings."""
         try:
             # With every connection busy (blocking reads hold theirs for up to a
             # read block), a command waits for one, up to socket_timeout,
@@ -255,10 +285,11 @@ class RedisBackend:
                 retry_on_error=[rexc.ConnectionError],
                 **options,
             )
-            self._redis = aioredis.Redis.from_pool(pool)
+            client = aioredis.Redis.from_pool(pool)
             # Entries stay flat lists (field, value, ...): redis-py's default
             # turns each into a dict, which costs more than decoding it.
-            self._redis.set_response_callback("XREADGROUP", _raw)
+            client.set_response_callback("XREADGROUP", _raw)
+            return client
         except ValueError as exc:
             if "@" not in url and "password=" not in url:
                 raise InvalidArgumentError(
@@ -273,31 +304,12 @@ class RedisBackend:
                 "and use redis://user:password@host:port/db, rediss://... for TLS or "
                 "unix:///path/to/redis.sock?password=..."
             ) from None
-        self._socket_timeout = float(socket_timeout)
-        self._append = _Script(_script("append.lua"))
-        self._appender = InOrderConnection(
+
+    def _in_order(self, socket_timeout: float) -> Any:
+        """Where appends go: one connection, several batches in flight in order."""
+        return InOrderConnection(
             self._redis, timeout=socket_timeout, health_check_interval=HEALTH_CHECK_INTERVAL
         )
-        self._create_record = _Script(_script("create_record.lua"))
-        self._ack = _Script(_script("ack.lua"))
-        self._extend = _Script(_script("extend.lua"))
-        self._nack = _Script(_script("nack.lua"))
-        self._reclaim = _Script(_script("reclaim.lua"))
-        self._dead_letter = _Script(_script("dead_letter.lua"))
-        self._ack_owned = _Script(_script("ack_owned.lua"))
-        self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
-        self._trim = _Script(_script("trim.lua", ids=True))
-        self._unlock = _Script(_script("unlock.lua"))
-        self._set_field = _Script(_script("set_field.lua"))
-        self._extend_lock = _Script(_script("extend_lock.lua"))
-        self._seek = _Script(_script("seek.lua"))
-        self._delete_entries = _Script(_script("delete_entries.lua"))
-        self._claim_entries = _Script(_script("claim_entries.lua"))
-        self._stats = _Script(_script("stats.lua"))
-        self._own = _Script(_script("own.lua"))
-        self._hold = _Script(_script("snapshot.lua", ids=True))
-        self._stream_keys: dict[tuple[str, int], list[str]] = {}
-        self._partition_of: dict[bytes, int] = {}
 
     @property
     def url(self) -> str:
@@ -365,11 +377,21 @@ class RedisBackend:
         except rexc.RedisError as exc:
             raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
 
+    def _tags(self, topic: TopicRecord) -> list[str]:
+        """Each partition's hash tag, as the topic's layout says (see ``_keys``)."""
+        cache_key = (topic.name, topic.partitions, topic.salts)
+        tags = self._partition_tags.get(cache_key)
+        if tags is None:
+            salts = topic.salts or (0,) * topic.partitions
+            tags = [_keys.partition_tag(topic.name, p, salt) for p, salt in enumerate(salts)]
+            self._partition_tags[cache_key] = tags
+        return tags
+
     def _keys(self, topic: TopicRecord) -> list[str]:
-        cache_key = (topic.name, topic.partitions)
+        cache_key = (topic.name, topic.partitions, topic.salts)
         keys = self._stream_keys.get(cache_key)
         if keys is None:
-            keys = [_keys.stream_key(topic.name, p) for p in range(topic.partitions)]
+            keys = [_keys.stream_key(tag) for tag in self._tags(topic)]
             self._stream_keys[cache_key] = keys
             for partition, key in enumerate(keys):
                 self._partition_of[key.encode()] = partition
@@ -433,6 +455,7 @@ class RedisBackend:
             "layout": record.layout,
             "created": repr(record.created),
             "retention": _retention_json(record.retention),
+            **({"salts": " ".join(map(str, record.salts))} if record.salts else {}),
         }
 
     @staticmethod
@@ -445,10 +468,15 @@ class RedisBackend:
                 layout=fields["layout"],
                 created=float(fields["created"]),
                 retention=Retention.from_dict(json.loads(retention)) if retention else None,
+                salts=tuple(int(salt) for salt in fields.get("salts", "").split()),
             )
 
+    async def _layout(self, record: TopicRecord) -> TopicRecord:
+        """``record`` with the layout a new topic gets here."""
+        return dataclasses.replace(record, layout=_keys.LAYOUT, salts=())
+
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
-        record = dataclasses.replace(record, layout=_keys.LAYOUT)
+        record = await self._layout(record)
         stored = await self.get_topic(record.name)
         if stored is not None:
             return stored
@@ -476,8 +504,8 @@ class RedisBackend:
     async def delete_topic(self, record: TopicRecord) -> None:
         dropped = [
             key
-            for p in range(record.partitions)
-            for key in (_keys.dropped_key(record.name, p), _keys.holds_key(record.name, p))
+            for tag in self._tags(record)
+            for key in (_keys.dropped_key(tag), _keys.holds_key(tag))
         ]
         with self._errors():
             await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
@@ -531,14 +559,12 @@ class RedisBackend:
                 for partition, key in enumerate(self._keys(topic)):
                     pipe.xgroup_destroy(key, record.name)
                     pipe.delete(
-                        _keys.delay_key(topic.name, partition, record.name),
-                        _keys.times_key(topic.name, partition, record.name),
+                        _keys.delay_key(self._tags(topic)[partition], record.name),
+                        _keys.times_key(self._tags(topic)[partition], record.name),
                     )
-                pipe.delete(
-                    _keys.subscription_key(record.name),
-                    _keys.members_key(record.name),
-                    _keys.owners_key(record.name),
-                )
+                # One key per DEL: on a cluster the records live in other slots.
+                pipe.delete(_keys.subscription_key(record.name))
+                pipe.delete(_keys.members_key(record.name), _keys.owners_key(record.name))
                 pipe.srem(_keys.SUBSCRIPTIONS, record.name)
                 results = await pipe.execute(raise_on_error=False)
             # A partition whose stream or group is already gone is what deleting
@@ -682,8 +708,8 @@ class RedisBackend:
     def _companions(self, topic: TopicRecord, partition: int, group: str) -> list[str]:
         return [
             self._keys(topic)[partition],
-            _keys.delay_key(topic.name, partition, group),
-            _keys.times_key(topic.name, partition, group),
+            _keys.delay_key(self._tags(topic)[partition], group),
+            _keys.times_key(self._tags(topic)[partition], group),
         ]
 
     async def extend(
@@ -934,8 +960,8 @@ class RedisBackend:
     ) -> tuple[int, int, bool]:
         keys = [
             self._keys(topic)[partition],
-            _keys.dropped_key(topic.name, partition),
-            _keys.holds_key(topic.name, partition),
+            _keys.dropped_key(self._tags(topic)[partition]),
+            _keys.holds_key(self._tags(topic)[partition]),
         ]
         args = [
             "" if max_age is None else repr(max_age * 1000),
@@ -951,7 +977,7 @@ class RedisBackend:
         return int(deleted), int(dropped), bool(more)
 
     async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
-        keys = [_keys.dropped_key(topic.name, p) for p in range(topic.partitions)]
+        keys = [_keys.dropped_key(tag) for tag in self._tags(topic)]
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in keys:
@@ -990,7 +1016,7 @@ class RedisBackend:
     ) -> tuple[int, int]:
         keys = [
             *self._companions(topic, partition, group),
-            f"{_keys.stream_key(topic.name, partition)}:seek:{group}",
+            _keys.seek_key(self._tags(topic)[partition], group),
         ]
         acked = restored = 0
         with self._errors():
@@ -1016,7 +1042,8 @@ class RedisBackend:
     ) -> tuple[dict[int, PartitionPosition], float, float]:
         keys = self._keys(topic)
         args = [group, name, int(lifetime * 1000), max_pending]
-        calls = [(p, [key, _keys.holds_key(topic.name, p)], args) for p, key in enumerate(keys)]
+        tags = self._tags(topic)
+        calls = [(p, [key, _keys.holds_key(tags[p])], args) for p, key in enumerate(keys)]
         with self._errors():
             replies = await self._evalsha_many(self._hold, calls)
         held = [p for p, reply in enumerate(replies) if _text(reply[0]) == "ok"]
@@ -1052,7 +1079,7 @@ class RedisBackend:
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for p in chosen:
-                    pipe.hdel(_keys.holds_key(topic.name, p), name)
+                    pipe.hdel(_keys.holds_key(self._tags(topic)[p]), name)
                 await pipe.execute()
 
     async def create_snapshot(self, record: SnapshotRecord) -> bool:
@@ -1115,7 +1142,7 @@ class RedisBackend:
     async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
         keys = self._keys(topic)
         calls = [
-            (p, [keys[p], _keys.claims_key(topic.name, p)], list(entry_ids))
+            (p, [keys[p], _keys.claims_key(self._tags(topic)[p])], list(entry_ids))
             for p, entry_ids in ids.items()
             if entry_ids
         ]
@@ -1130,7 +1157,11 @@ class RedisBackend:
     ) -> dict[int, list[str]]:
         keys = self._keys(topic)
         calls = [
-            (p, [keys[p], _keys.claims_key(topic.name, p)], [max(1, int(ttl * 1000)), *entry_ids])
+            (
+                p,
+                [keys[p], _keys.claims_key(self._tags(topic)[p])],
+                [max(1, int(ttl * 1000)), *entry_ids],
+            )
             for p, entry_ids in ids.items()
             if entry_ids
         ]
@@ -1249,20 +1280,14 @@ class RedisBackend:
         return await self._delivery_calls("delivery_lease.lua", topic, group, items, (min_idle_ms,))
 
     async def update_subscription(self, record: SubscriptionRecord) -> bool:
-        key = _keys.subscription_key(record.name)
         settings = json.dumps(dict(record.settings), sort_keys=True)
         with self._errors():
-            # HSET only if the record exists: XX-like, via the exists check in one
-            # transaction so a concurrent delete does not leave a half record.
-            async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.watch(key)
-                if not await pipe.exists(key):
-                    await pipe.reset()
-                    return False
-                pipe.multi()
-                pipe.hset(key, "settings", settings)
-                await pipe.execute()
-        return True
+            # Only on a record that exists, in one step: a write racing a delete
+            # would leave a half record.
+            stored = await self._evalsha(
+                self._set_field, [_keys.subscription_key(record.name)], ["settings", settings]
+            )
+        return bool(stored)
 
     async def get_labels(self, kind: Literal["topic", "subscription"], name: str) -> dict[str, str]:
         with self._errors():
@@ -1272,10 +1297,6 @@ class RedisBackend:
     async def set_labels(
         self, kind: Literal["topic", "subscription"], name: str, labels: Mapping[str, str]
     ) -> None:
-        key = _keys.labels_key(kind, name)
+        flat = [item for pair in labels.items() for item in pair]
         with self._errors():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(key)
-                if labels:
-                    pipe.hset(key, mapping=dict(labels))
-                await pipe.execute()
+            await self._evalsha(self._replace_hash, [_keys.labels_key(kind, name)], flat)
