@@ -194,7 +194,10 @@ def connect(
     ``redis://localhost:6379/0``); use it as ``async with connect(...) as client``.
 
     URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS,
-    ``unix:///path/to/redis.sock``. Pass ``backend`` to use another backend.
+    ``unix:///path/to/redis.sock``; Redis Cluster:
+    ``redis+cluster://[user:password@]host:port[,host:port...]`` (any nodes to
+    discover it from), ``rediss+cluster://`` for TLS. Pass ``backend`` to use
+    another backend.
     With ``trim_in_background`` (default True) the client enforces the
     retention of the topics it publishes to and of the subscriptions it
     subscribes to (their topics and dead-letter topics) every
@@ -212,11 +215,13 @@ def connect(
     ``rediss://`` server's certificate (or ``?ssl_ca_certs=/path`` in the URL).
     """
     if backend is None:
-        from ._backends.redis import RedisBackend
+        from ._backends.redis import RedisBackend, RedisClusterBackend
         from ._backends.redis._backend import SOCKET_TIMEOUT
 
-        backend = RedisBackend(
-            url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL,
+        url = url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL
+        on_cluster = url.partition("://")[0].lower() in ("redis+cluster", "rediss+cluster")
+        backend = (RedisClusterBackend if on_cluster else RedisBackend)(
+            url,
             socket_timeout=SOCKET_TIMEOUT if socket_timeout is None else socket_timeout,
             ssl_ca_certs=None if ssl_ca_certs is None else os.fspath(ssl_ca_certs),
         )

@@ -637,7 +637,8 @@ class RedisBackend:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for i in todo:
                     _, keys, args = calls[i]
-                    pipe.evalsha(sha, len(keys), *keys, *args)
+                    # Not pipe.evalsha(): the cluster pipeline refuses it by name.
+                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
                 replies = await pipe.execute(raise_on_error=False)
             missing = []
             for i, reply in zip(todo, replies, strict=True):

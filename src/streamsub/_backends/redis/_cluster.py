@@ -1,0 +1,408 @@
+"""RedisClusterBackend: the backend protocol on Redis Cluster (6.2 or newer).
+
+Everything the standalone backend does runs here unchanged where it touches one
+slot at a time: every Lua step names only keys of one partition (which share
+the partition's hash tag) or one record, and pipelines are split by node by
+redis-py's cluster client. What differs:
+
+- **Layout**: a topic created here gets layout ``v2``: per-partition salts
+  (``_slots.py``) chosen so its partitions spread evenly over the masters that
+  serve slots at creation; topics created before keep their keys.
+- **Reading**: ``XREADGROUP`` may name keys of one slot only, and each
+  partition has its own slot, so one read cannot cover a subscriber's
+  partitions. A read sends one non-blocking ``XREADGROUP`` per partition,
+  pipelined per node (the nodes in parallel, one round trip); when all come
+  back empty it polls again after an idle wait that doubles from
+  :data:`IDLE_POLL_FIRST` to :data:`IDLE_POLL_MAX`, until the read's block
+  time is over. Chosen over one blocking connection per partition because a
+  blocked ``XREADGROUP`` holds its connection (16 partitions = 16 connections
+  per reader), cannot be taken back when another partition answers first
+  without ``CLIENT UNBLOCK`` from yet another connection, and is where the
+  cluster client's traps are (a failover answers it ``UNBLOCKED``, a moved
+  slot ``MOVED``, redis-py 8's socket timeout re-sends it): a poll is short,
+  and any redirection or reset simply fails one poll, which the reader retries.
+  The cost: up to :data:`IDLE_POLL_MAX` more latency after an idle spell, and
+  about a dozen polls per second per idle reader. Measured figures are in
+  ``benchmarks/README.md``.
+- **Appending**: batches go through one in-order connection per node (as on
+  one server, several in flight), routed by a slot map of the appender's own
+  that changes only under its send lock, so that a batch redirected by
+  ``MOVED`` or ``ASK`` is sent again (``ASKING`` on the same connection, in the
+  same write) before any later batch of its partition: order is kept across a
+  slot's move. ``CLUSTERDOWN``, ``TRYAGAIN`` and lost connections fail the
+  publish (it may or may not be stored after a lost connection; it is not
+  after the others).
+- **Dead letters**: the dead-letter stream is in another slot, so the move is
+  append first, then an owner-checked acknowledgement: a crash between the two
+  can duplicate a dead letter, never lose one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import redis.exceptions as rexc
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from ..._errors import BackendError, InvalidArgumentError, UnavailableError
+from ..base import Entry, ServerInfo, TopicRecord
+from . import _keys
+from ._backend import (
+    HEALTH_CHECK_INTERVAL,
+    SOCKET_CONNECT_TIMEOUT,
+    RedisBackend,
+    _raw,
+    _Script,
+    _script,
+    redact,
+)
+from ._in_order import InOrderConnection
+from ._slots import balanced_salts, key_slot
+
+__all__ = ["CLUSTER_SCHEMES", "IDLE_POLL_FIRST", "IDLE_POLL_MAX", "RedisClusterBackend"]
+
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+IDLE_POLL_FIRST = 0.002
+"""Seconds a read waits after the first empty poll; doubled after each."""
+IDLE_POLL_MAX = 0.1
+"""The longest wait between polls of an idle reader: the most a message that
+arrives after an idle spell waits for its poll."""
+MAX_REDIRECTS = 5
+"""How often one batch may be redirected (MOVED/ASK) before its publish fails."""
+
+_TRANSIENT = (
+    rexc.ClusterDownError,
+    rexc.TryAgainError,
+    rexc.AskError,  # MovedError too
+    rexc.SlotNotCoveredError,
+    rexc.RedisClusterException,
+)
+"""The cluster is moving or failing over: retry after a topology refresh."""
+
+
+def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The (host, port) list and the client options of a ``redis+cluster://`` URL."""
+    scheme, _, rest = url.partition("://")
+    netloc, _, tail = rest.partition("/")
+    path, _, query = tail.partition("?")
+    if "?" in netloc:
+        netloc, _, query = netloc.partition("?")
+    options: dict[str, Any] = {}
+    at = netloc.rfind("@")
+    if at >= 0:
+        user, colon, password = netloc[:at].partition(":")
+        if user:
+            options["username"] = urllib.parse.unquote(user)
+        if colon:
+            options["password"] = urllib.parse.unquote(password)
+        netloc = netloc[at + 1 :]
+    for name, value in urllib.parse.parse_qsl(query):
+        if name == "password":
+            options["password"] = value
+        elif name.startswith("ssl_"):
+            options[name] = value
+        else:
+            raise ValueError(f"unknown option {name!r}")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError("Redis Cluster has only database 0")
+    nodes = []
+    for node in netloc.split(","):
+        host, colon, port = node.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{node!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    if scheme == "rediss+cluster":
+        options["ssl"] = True
+    return nodes, options
+
+
+class _NodePool:
+    """One cluster node's connections, as InOrderConnection takes them from a pool."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+
+    async def get_connection(self) -> Any:
+        return self.node.acquire_connection()
+
+    async def release(self, connection: Any) -> None:
+        release = getattr(self.node, "release", None)
+        if release is not None:  # redis-py 5.0's nodes have no release()
+            release(connection)
+        else:
+            self.node._free.append(connection)
+
+
+class _NodeClient:
+    """What InOrderConnection needs of a client: its pool."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.connection_pool = _NodePool(node)
+
+
+class _ClusterAppender:
+    """In-order connections per node for appends, routed by a slot map of its own.
+
+    The map changes only under ``_lock``, which is held while batches are
+    routed and sent (not while their replies are awaited), so a batch sent
+    again after a redirect leaves before any later batch of its slot.
+    """
+
+    def __init__(self, client: RedisCluster, *, timeout: float) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._lock = asyncio.Lock()
+        self._slot_node: dict[int, str] = {}
+        self._connections: dict[str, InOrderConnection] = {}
+        self._refresh = False
+
+    def _connection(self, name: str) -> InOrderConnection:
+        connection = self._connections.get(name)
+        if connection is None:
+            node = self._client.get_node(node_name=name)
+            if node is None:
+                raise rexc.ConnectionError(f"the cluster has no node {name} any more")
+            connection = self._connections[name] = InOrderConnection(
+                _NodeClient(node),  # type: ignore[arg-type]
+                timeout=self._timeout,
+                health_check_interval=HEALTH_CHECK_INTERVAL,
+            )
+        return connection
+
+    async def _node_for(self, slot: int) -> str:
+        name = self._slot_node.get(slot)
+        if name is None:
+            if self._refresh:
+                self._refresh = False
+                await self._client.nodes_manager.initialize()
+            node = self._client.nodes_manager.get_node_from_slot(slot)
+            name = self._slot_node[slot] = node.name
+        return name
+
+    async def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Run one-key ``EVAL`` commands (the key is their 4th item), each
+        partition's in the order given; return their replies in that order."""
+        replies: list[Any] = [None] * len(commands)
+        todo: list[tuple[int, str | None]] = [(i, None) for i in range(len(commands))]
+        for _ in range(MAX_REDIRECTS + 1):
+            sent: list[tuple[int, str, asyncio.Future[Any]]] = []
+            async with self._lock:
+                by_node: dict[str, list[tuple[int, bool]]] = {}
+                for i, ask in todo:
+                    slot = key_slot(_keys_text(commands[i][3]))
+                    if ask is not None:
+                        by_node.setdefault(ask, []).append((i, True))
+                    else:
+                        by_node.setdefault(await self._node_for(slot), []).append((i, False))
+                for name, items in by_node.items():
+                    batch: list[tuple[Any, ...]] = []
+                    for i, asking in items:
+                        batch += [("ASKING",), commands[i]] if asking else [commands[i]]
+                    try:
+                        futures = await self._connection(name).send_many(batch)
+                    except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+                        self._forget(name)
+                        raise
+                    futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
+                    sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
+            todo = []  # (index, the node an ASK sends it to)
+            for i, name, future in sent:
+                try:
+                    replies[i] = await future
+                except rexc.MovedError as exc:  # before AskError: it is one
+                    # Not run. The map follows when it is sent again, under the lock.
+                    self._slot_node.pop(exc.slot_id, None)
+                    self._refresh = True
+                    todo.append((i, None))
+                except rexc.AskError as exc:
+                    todo.append((i, f"{exc.host}:{exc.port}"))
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                    self._forget(name)
+                    replies[i] = exc
+                except rexc.ResponseError as exc:
+                    replies[i] = exc
+            if not todo:
+                return replies
+        raise rexc.ClusterDownError(
+            f"a batch was redirected {MAX_REDIRECTS} times: the cluster keeps moving its slot"
+        )
+
+    def _forget(self, name: str) -> None:
+        """A node's connection broke: route its slots afresh next time (it may be
+        gone, or a replica now)."""
+        self._slot_node = {s: n for s, n in self._slot_node.items() if n != name}
+        self._refresh = True
+
+    async def close(self) -> None:
+        for connection in self._connections.values():
+            await connection.close()
+        self._connections.clear()
+
+
+def _keys_text(key: Any) -> str:
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+class RedisClusterBackend(RedisBackend):
+    """The backend on Redis Cluster, reached by a ``redis+cluster://`` URL.
+
+    ``redis+cluster://[user:password@]host:port[,host:port...]`` names one or
+    more nodes to discover the cluster from; ``rediss+cluster://`` for TLS
+    (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections`` is
+    per node.
+    """
+
+    def _open(
+        self, url: str, options: dict[str, Any], socket_timeout: float, max_connections: int
+    ) -> Any:
+        try:
+            nodes, url_options = _nodes(url)
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"cannot use Redis Cluster URL {redact(url)!r}: {exc}; use "
+                "redis+cluster://[user:password@]host:port[,host:port...] or rediss+cluster://"
+            ) from None
+        client = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+            decode_responses=False,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=min(SOCKET_CONNECT_TIMEOUT, socket_timeout),
+            health_check_interval=HEALTH_CHECK_INTERVAL,
+            **{**url_options, **options},
+        )
+        client.set_response_callback("XREADGROUP", _raw)
+        return client
+
+    def _in_order(self, socket_timeout: float) -> Any:
+        return _ClusterAppender(self._redis, timeout=socket_timeout)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        with super()._errors():
+            try:
+                yield
+            except _TRANSIENT as exc:
+                raise UnavailableError(
+                    f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
+                    f"{exc}); try again"
+                ) from exc
+
+    async def _layout(self, record: TopicRecord) -> TopicRecord:
+        with self._errors():
+            await self._redis.nodes_manager.initialize()  # the masters of now
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        for slot, nodes in sorted(self._redis.nodes_manager.slots_cache.items()):
+            served = ranges.setdefault(nodes[0].name, [])
+            if served and served[-1][1] == slot - 1:
+                served[-1] = (served[-1][0], slot)
+            else:
+                served.append((slot, slot))
+        salts = balanced_salts(record.name, record.partitions, list(ranges.values()))
+        return TopicRecord(
+            record.name,
+            record.partitions,
+            _keys.CLUSTER_LAYOUT,
+            record.created,
+            record.retention,
+            salts,
+        )
+
+    async def partition_nodes(self, topic: TopicRecord) -> list[str]:
+        """Per partition, the ``host:port`` of the master that holds it now."""
+        with self._errors():
+            await self._redis.initialize()
+            return [self._redis.get_node_from_key(key).name for key in self._keys(topic)]
+
+    async def close(self) -> None:
+        await self._appender.close()
+        await self._redis.aclose()
+
+    async def server_info(self) -> ServerInfo:
+        """The lowest version over the masters: what every partition's server has."""
+        with self._errors():
+            await self._redis.initialize()
+            primaries = self._redis.get_primaries()
+        infos = []
+        for node in primaries:
+            try:
+                with self._errors():
+                    infos.append(await self._redis.info(target_nodes=node))
+            except UnavailableError:
+                raise
+            except BackendError:
+                return ServerInfo((0, 0, 0), None)
+        versions, policies = [], set()
+        for info in infos:
+            raw = str(info.get("redis_version", "0.0.0"))
+            parts = [int(p) if p.isdigit() else 0 for p in raw.split(".")[:3]]
+            versions.append(tuple([*parts, 0, 0, 0][:3]))
+            policies.add(info.get("maxmemory_policy"))
+        policy = policies.pop() if len(policies) == 1 else None
+        return ServerInfo(min(versions), None if policy is None else str(policy))  # type: ignore[arg-type]
+
+    async def read(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        partitions: Sequence[int],
+        count: int,
+        block_ms: int | None,
+    ) -> list[Entry]:
+        keys = self._keys(topic)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (block_ms or 0) / 1000
+        wait = IDLE_POLL_FIRST
+        while True:
+            with self._errors():
+                async with self._redis.pipeline() as pipe:
+                    for p in partitions:
+                        pipe.xreadgroup(group, consumer, {keys[p]: ">"}, count=count)
+                    replies = await pipe.execute()
+            entries = [
+                Entry(p, entry_id.decode(), fields, 1)
+                for p, reply in zip(partitions, replies, strict=True)
+                if reply
+                for _, items in reply
+                for entry_id, fields in items
+            ]
+            left = deadline - loop.time()
+            if entries or left <= 0:
+                return entries
+            await asyncio.sleep(min(wait, left))
+            wait = min(wait * 2, IDLE_POLL_MAX)
+
+    async def dead_letter(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        partition: int,
+        entry_id: str,
+        target: TopicRecord,
+        target_partition: int,
+        packed: bytes,
+        first_delivery_ms: int | None,
+        last_delivery_ms: int | None,
+    ) -> str | None:
+        # The two streams are in different slots: append, then acknowledge.
+        stream, delays, times = self._companions(topic, partition, group)
+        target_key = self._keys(target)[target_partition]
+        scripts: dict[str, _Script] = self.__dict__.setdefault("_cluster_scripts", {})
+        step = scripts.get("dead_letter_steps.lua")
+        if step is None:
+            step = scripts["dead_letter_steps.lua"] = _Script(_script("dead_letter_steps.lua"))
+        with self._errors():
+            held = await self._evalsha(step, [stream, times], ["check", group, consumer, entry_id])
+            if not held:
+                return None
+            first = held[0] if first_delivery_ms is None else first_delivery_ms
+            last = held[1] if last_delivery_ms is None else last_delivery_ms
+            new_id = await self._evalsha(step, [target_key], ["append", first, last, packed])
+            await self._evalsha(step, [stream, times, delays], ["ack", group, consumer, entry_id])
+        return f"{target_partition}-{_keys_text(new_id)}"
