@@ -7,6 +7,7 @@ import asyncio
 import redis
 
 import streamsub
+from tests._layout import stream_key
 
 
 async def test_messages_of_one_key_are_stored_in_publish_order(
@@ -28,7 +29,7 @@ async def test_messages_of_one_key_are_stored_in_publish_order(
 
     stored: dict[str, list[bytes]] = {key: [] for key in keys}
     for partition in range(4):
-        for _, fields in redis_client.xrange(f"ss:{{ordered.{partition}}}"):
+        for _, fields in redis_client.xrange(stream_key(redis_client, "ordered", partition)):
             stored[fields[b"k"].decode()].append(fields[b"d"])
     for key in keys:
         expected = [m.data for chunk in chunks for m in chunk if m.ordering_key == key]
