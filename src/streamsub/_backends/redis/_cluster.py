@@ -54,6 +54,7 @@ from . import _keys
 from ._backend import (
     HEALTH_CHECK_INTERVAL,
     SOCKET_CONNECT_TIMEOUT,
+    SOCKET_TIMEOUT,
     RedisBackend,
     _raw,
     _Script,
@@ -278,6 +279,23 @@ class RedisClusterBackend(RedisBackend):
         client.set_response_callback("XREADGROUP", _raw)
         return client
 
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 64,
+        socket_timeout: float = SOCKET_TIMEOUT,
+        ssl_ca_certs: str | None = None,
+    ) -> None:
+        self._idle: dict[tuple[str, str, str], float] = {}
+        """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
+        super().__init__(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            ssl_ca_certs=ssl_ca_certs,
+        )
+
     def _in_order(self, socket_timeout: float) -> Any:
         return _ClusterAppender(self._redis, timeout=socket_timeout)
 
@@ -357,12 +375,19 @@ class RedisClusterBackend(RedisBackend):
         keys = self._keys(topic)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (block_ms or 0) / 1000
-        wait = IDLE_POLL_FIRST
+        idle_key = (topic.name, group, consumer)
         while True:
             with self._errors():
+                await self._redis.initialize()  # at once when it is
                 async with self._redis.pipeline() as pipe:
                     for p in partitions:
-                        pipe.xreadgroup(group, consumer, {keys[p]: ">"}, count=count)
+                        # The node named: redis-py would otherwise ask the server
+                        # for XREADGROUP's keys (COMMAND GETKEYS) before each one.
+                        pipe.execute_command(
+                            "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
+                            "STREAMS", keys[p], ">",
+                            target_nodes=self._redis.get_node_from_key(keys[p]),
+                        )  # fmt: skip
                     replies = await pipe.execute()
             entries = [
                 Entry(p, entry_id.decode(), fields, 1)
@@ -372,10 +397,15 @@ class RedisClusterBackend(RedisBackend):
                 for entry_id, fields in items
             ]
             left = deadline - loop.time()
-            if entries or left <= 0:
+            if entries:
+                self._idle.pop(idle_key, None)
                 return entries
+            if left <= 0:
+                return entries
+            # Idle: wait longer after each empty poll, also across reads.
+            wait = self._idle.get(idle_key, IDLE_POLL_FIRST)
+            self._idle[idle_key] = min(wait * 2, IDLE_POLL_MAX)
             await asyncio.sleep(min(wait, left))
-            wait = min(wait * 2, IDLE_POLL_MAX)
 
     async def dead_letter(
         self,
