@@ -7,9 +7,13 @@ process and times it; then times two subscribers in this process consuming
 them all (end to end after the publish, so the figure is the read path);
 then, with the subscriber idle, measures the latency of single messages
 published every 100 ms and the commands per second an idle subscriber costs
-the servers. Prints one table. Takes well under a minute on 2 cores.
+the servers. Prints one table. Then, on the cluster, the read path alone, the
+two ways a reader can cover partitions in different slots: one pipelined
+non-blocking ``XREADGROUP`` per partition per round (what streamsub does) and
+one blocking ``XREADGROUP`` per partition, each on its own connection. Takes
+well under a minute on 2 cores.
 
-    .venv/bin/python benchmarks/cluster.py --messages 50000
+    .venv/bin/python benchmarks/cluster.py --messages 48000
 """
 
 from __future__ import annotations
@@ -95,9 +99,67 @@ async def _measure(url: str, nodes: Callable[[], list[redis.Redis]], n: int) -> 
     }
 
 
+async def _read_paths(url: str, n: int) -> dict[str, float]:
+    """Messages per second of each read design over ``n`` stored messages."""
+    from redis.asyncio.cluster import RedisCluster
+
+    async with streamsub.connect(url, trim_in_background=False) as client:
+        await client.create_topic("readpath", partitions=16)
+        for group in ("polls", "blocking"):
+            await client.create_subscription(group, topic="readpath", start="earliest")
+        messages = [
+            streamsub.OutgoingMessage(data=b"x" * 100, ordering_key=f"k{i}") for i in range(n)
+        ]
+        for i in range(0, n, 2000):
+            await client.publish_many("readpath", messages[i : i + 2000])
+        record = await client._backend.get_topic("readpath")
+        assert record is not None
+        keys = client._backend._keys(record)  # type: ignore[attr-defined]
+    cluster = RedisCluster.from_url(url.replace("redis+cluster://", "redis://").split(",")[0])
+    await cluster.initialize()
+    count = n // 16 // 50  # about what a reader with 1,000 messages free asks each partition
+
+    async def polls() -> None:
+        got = 0
+        while got < n:
+            async with cluster.pipeline() as pipe:
+                for key in keys:
+                    pipe.execute_command(
+                        "XREADGROUP", "GROUP", "polls", "c", "COUNT", count, "STREAMS", key, ">",
+                        target_nodes=cluster.get_node_from_key(key),
+                    )  # fmt: skip
+                got += sum(len(r[0][1]) for r in await pipe.execute() if r)
+
+    async def blocking() -> None:
+        got = 0
+        done = asyncio.Event()
+
+        async def one(key: str) -> None:
+            nonlocal got
+            while not done.is_set():
+                reply = await cluster.execute_command(
+                    "XREADGROUP", "GROUP", "blocking", "c", "COUNT", count, "BLOCK", 200,
+                    "STREAMS", key, ">", target_nodes=cluster.get_node_from_key(key),
+                )  # fmt: skip
+                got += len(reply[0][1]) if reply else 0
+                if got >= n:
+                    done.set()
+
+        await asyncio.gather(*(one(key) for key in keys))
+
+    rates = {}
+    for name, read in (("polls", polls), ("blocking", blocking)):
+        started = time.perf_counter()
+        await read()
+        rates[name] = n / (time.perf_counter() - started)
+    rates["connections"] = sum(len(node._connections) for node in cluster.get_nodes())
+    await cluster.aclose()
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--messages", type=int, default=48_000)
     args = parser.parse_args()
     off = ("--appendonly", "no")
     rows = []
@@ -115,6 +177,7 @@ def main() -> None:
                 )
             )
             rows.append(("cluster (3 masters)", result))
+            reads = asyncio.run(_read_paths(cluster.url, args.messages))
     print(f"{args.messages} messages of 100 B, 16 partitions, 1000 keys; two subscribers")
     print("| server | publish msgs/s | consume msgs/s | idle commands/s | latency p50 | max |")
     print("|---|---|---|---|---|---|")
@@ -123,6 +186,13 @@ def main() -> None:
             f"| {name} | {r['publish']:,.0f} | {r['consume']:,.0f} | {r['idle_calls']:,.0f} "
             f"| {r['latency_p50_ms']:.1f} ms | {r['latency_max_ms']:.1f} ms |"
         )
+    print()
+    print("read path on the cluster, 16 partitions, one reader, messages already stored:")
+    print(f"- pipelined polls per node: {reads['polls']:,.0f} msgs/s")
+    print(
+        f"- one blocking XREADGROUP per partition: {reads['blocking']:,.0f} msgs/s "
+        f"({reads['connections']:.0f} connections open after both)"
+    )
 
 
 if __name__ == "__main__":

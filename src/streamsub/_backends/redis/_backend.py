@@ -402,8 +402,11 @@ class RedisBackend:
         try:
             return await self._redis.evalsha(sha, len(keys), *keys, *args)
         except rexc.NoScriptError:
-            sha = await script.load(self._redis)
-            return await self._redis.evalsha(sha, len(keys), *keys, *args)
+            # Not run. The source, so it runs whichever server answers (a
+            # promoted replica, a node that did not get SCRIPT LOAD); loaded
+            # again for the next calls.
+            await script.load(self._redis)
+            return await self._redis.eval(script.source, len(keys), *keys, *args)
 
     async def ping(self) -> None:
         with self._errors():
@@ -628,31 +631,38 @@ class RedisBackend:
         """Run ``script`` once per (partition, keys, args) call in one round trip.
 
         A call that failed with NOSCRIPT did not run, so only those run again,
-        after the script is loaded: nothing runs twice.
+        with the script's source (so they run on whichever server answers, a
+        promoted replica or a node that missed SCRIPT LOAD), and the script is
+        loaded again for the next calls: nothing runs twice.
         """
         sha = script.sha or await script.load(self._redis)
-        todo = list(range(len(calls)))
         results: list[Any] = [None] * len(calls)
-        for _ in range(2):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for i in todo:
-                    _, keys, args = calls[i]
-                    # Not pipe.evalsha(): the cluster pipeline refuses it by name.
-                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
-            missing = []
-            for i, reply in zip(todo, replies, strict=True):
-                if isinstance(reply, rexc.NoScriptError):
-                    missing.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    results[i] = reply
-            if not missing:
-                return results
-            todo = missing
-            sha = await script.load(self._redis)
-        raise BackendError(f"Redis at {self.url} keeps losing its scripts")
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for _, keys, args in calls:
+                # Not pipe.evalsha(): the cluster pipeline refuses it by name.
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+        missing = []
+        for i, reply in enumerate(replies):
+            if isinstance(reply, rexc.NoScriptError):
+                missing.append(i)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                results[i] = reply
+        if not missing:
+            return results
+        await script.load(self._redis)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for i in missing:
+                _, keys, args = calls[i]
+                pipe.execute_command("EVAL", script.source, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+        for i, reply in zip(missing, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            results[i] = reply
+        return results
 
     async def read(
         self,

@@ -122,20 +122,20 @@ def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
 
 
 class _NodePool:
-    """One cluster node's connections, as InOrderConnection takes them from a pool."""
+    """Connections to one cluster node of the appender's own, as InOrderConnection
+    takes them from a pool. Not the node's pool: redis-py's cluster client
+    closes every pooled connection of every node on some errors (CLUSTERDOWN,
+    every fifth MOVED), which would fail the batches in flight on them."""
 
     def __init__(self, node: ClusterNode) -> None:
         self.node = node
 
     async def get_connection(self) -> Any:
-        return self.node.acquire_connection()
+        return self.node.connection_class(**self.node.connection_kwargs)
 
     async def release(self, connection: Any) -> None:
-        release = getattr(self.node, "release", None)
-        if release is not None:  # redis-py 5.0's nodes have no release()
-            release(connection)
-        else:
-            self.node._free.append(connection)
+        with contextlib.suppress(rexc.RedisError, OSError):
+            await connection.disconnect()
 
 
 class _NodeClient:
@@ -161,12 +161,15 @@ class _ClusterAppender:
         self._connections: dict[str, InOrderConnection] = {}
         self._refresh = False
 
-    def _connection(self, name: str) -> InOrderConnection:
+    async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
         if connection is None:
             node = self._client.get_node(node_name=name)
+            if node is None:  # a node redis-py has not seen yet (say, added since)
+                await self._client.nodes_manager.initialize()
+                node = self._client.get_node(node_name=name)
             if node is None:
-                raise rexc.ConnectionError(f"the cluster has no node {name} any more")
+                raise rexc.ConnectionError(f"the cluster has no node {name}")
             connection = self._connections[name] = InOrderConnection(
                 _NodeClient(node),  # type: ignore[arg-type]
                 timeout=self._timeout,
@@ -188,39 +191,40 @@ class _ClusterAppender:
         """Run one-key ``EVAL`` commands (the key is their 4th item), each
         partition's in the order given; return their replies in that order."""
         replies: list[Any] = [None] * len(commands)
-        todo: list[tuple[int, str | None]] = [(i, None) for i in range(len(commands))]
+        # (index, where a redirect sends it, whether that is an ASK)
+        todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
         for _ in range(MAX_REDIRECTS + 1):
             sent: list[tuple[int, str, asyncio.Future[Any]]] = []
             async with self._lock:
                 by_node: dict[str, list[tuple[int, bool]]] = {}
-                for i, ask in todo:
+                for i, target, asking in todo:
                     slot = key_slot(_keys_text(commands[i][3]))
-                    if ask is not None:
-                        by_node.setdefault(ask, []).append((i, True))
-                    else:
-                        by_node.setdefault(await self._node_for(slot), []).append((i, False))
+                    if target is None:
+                        target = await self._node_for(slot)
+                    elif not asking:  # MOVED: the slot's new home, from now on
+                        self._slot_node[slot] = target
+                    by_node.setdefault(target, []).append((i, asking))
                 for name, items in by_node.items():
                     batch: list[tuple[Any, ...]] = []
                     for i, asking in items:
                         batch += [("ASKING",), commands[i]] if asking else [commands[i]]
                     try:
-                        futures = await self._connection(name).send_many(batch)
+                        connection = await self._connection(name)
+                        futures = await connection.send_many(batch)
                     except (rexc.ConnectionError, rexc.TimeoutError, OSError):
                         self._forget(name)
                         raise
                     futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
                     sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
-            todo = []  # (index, the node an ASK sends it to)
+            todo = []
             for i, name, future in sent:
                 try:
                     replies[i] = await future
-                except rexc.MovedError as exc:  # before AskError: it is one
-                    # Not run. The map follows when it is sent again, under the lock.
-                    self._slot_node.pop(exc.slot_id, None)
-                    self._refresh = True
-                    todo.append((i, None))
-                except rexc.AskError as exc:
-                    todo.append((i, f"{exc.host}:{exc.port}"))
+                except rexc.AskError as exc:  # MovedError is one too
+                    # Not run. Sent again, under the lock, before any later batch
+                    # of its slot: the map changes only there.
+                    moved = isinstance(exc, rexc.MovedError)
+                    todo.append((i, f"{exc.host}:{exc.port}", not moved))
                 except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                     self._forget(name)
                     replies[i] = exc
@@ -311,15 +315,14 @@ class RedisClusterBackend(RedisBackend):
                 ) from exc
 
     async def _layout(self, record: TopicRecord) -> TopicRecord:
-        with self._errors():
-            await self._redis.nodes_manager.initialize()  # the masters of now
+        with self._errors():  # the masters of now, not redis-py's cached view
+            await self._redis.initialize()
+            raw = await self._redis.execute_command(
+                "CLUSTER", "SLOTS", target_nodes=self._redis.get_random_node()
+            )
         ranges: dict[str, list[tuple[int, int]]] = {}
-        for slot, nodes in sorted(self._redis.nodes_manager.slots_cache.items()):
-            served = ranges.setdefault(nodes[0].name, [])
-            if served and served[-1][1] == slot - 1:
-                served[-1] = (served[-1][0], slot)
-            else:
-                served.append((slot, slot))
+        for first, last, (host, port, *_), *_ in raw:
+            ranges.setdefault(f"{_keys_text(host)}:{port}", []).append((int(first), int(last)))
         salts = balanced_salts(record.name, record.partitions, list(ranges.values()))
         return TopicRecord(
             record.name,
