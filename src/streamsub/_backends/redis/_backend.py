@@ -38,6 +38,7 @@ from ..._errors import (
     TopicNotFoundError,
     UnavailableError,
 )
+from ..._settings import Durability
 from ..base import (
     Entry,
     GroupInfo,
@@ -190,7 +191,8 @@ class RedisBackend:
     ``socket_timeout`` (default :data:`SOCKET_TIMEOUT`) bounds how long a
     command waits for its reply before its connection counts as dead: a
     ``publish`` on a silent connection raises ``UnavailableError`` after about
-    that long. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
+    that long. ``durability`` (:class:`~streamsub.Durability`) makes a publish
+    wait for replicas. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
     server's certificate (also ``?ssl_ca_certs=/path`` in the URL).
     """
 
@@ -201,8 +203,14 @@ class RedisBackend:
         max_connections: int = 64,
         socket_timeout: float = SOCKET_TIMEOUT,
         ssl_ca_certs: str | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self._url = url
+        self._durability = durability or Durability()
+        if not isinstance(self._durability, Durability):
+            raise InvalidArgumentError(
+                f"durability must be a streamsub.Durability, got {type(durability).__name__}"
+            )
         if (
             isinstance(socket_timeout, bool)
             or not isinstance(socket_timeout, int | float)
@@ -211,6 +219,11 @@ class RedisBackend:
             raise InvalidArgumentError(
                 f"socket_timeout must be seconds from 0 to 3600, got {socket_timeout!r}; "
                 f"keep it above the subscriber's longest read block ({MAX_READ_BLOCK:g} s)"
+            )
+        if self._durability.replicas and not self._durability.timeout < socket_timeout:
+            raise InvalidArgumentError(
+                f"Durability.timeout ({self._durability.timeout:g} s) must be below the "
+                f"socket timeout ({socket_timeout:g} s): the WAIT behind a batch holds its reply"
             )
         parts = urllib.parse.urlsplit(url)
         scheme, query = parts.scheme, dict(urllib.parse.parse_qsl(parts.query))
@@ -618,12 +631,32 @@ class RedisBackend:
         source = self._append.source
         partitions = list(batch)
         commands = [("EVAL", source, 1, keys[p], batch[p]) for p in partitions]
+        wait = self._durability.replicas
+        after = ("WAIT", wait, max(1, int(self._durability.timeout * 1000))) if wait else None
         with self._errors():
-            replies = await self._appender.call_many(commands)
+            replies, waited = await self._append_many(commands, after)
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
+        # A WAIT that failed (its connection lost, its node a replica now)
+        # confirmed nothing.
+        confirmed = [0 if isinstance(n, Exception) else int(n) for n in waited]
+        if confirmed and min(confirmed) < wait:
+            raise UnavailableError(
+                f"a batch for topic {topic.name!r} was stored on its master but only "
+                f"{min(confirmed)} of the {wait} replicas asked for confirmed it within "
+                f"{self._durability.timeout:g} s (Durability): it may be lost if that master "
+                "fails now; publishing it again may store it twice"
+            )
         return {p: [i.decode() for i in ids] for p, ids in zip(partitions, replies, strict=True)}
+
+    async def _append_many(
+        self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
+    ) -> tuple[list[Any], list[Any]]:
+        """Send the appends in order on the in-order connection, ``after`` (a WAIT)
+        behind them; return their replies and ``after``'s."""
+        replies = await self._appender.call_many([*commands, after] if after else commands)
+        return (replies[:-1], replies[-1:]) if after else (replies, [])
 
     async def _evalsha_many(
         self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]

@@ -49,6 +49,7 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._errors import BackendError, InvalidArgumentError, UnavailableError
+from ..._settings import Durability
 from ..base import Entry, ServerInfo, TopicRecord
 from . import _keys
 from ._backend import (
@@ -187,14 +188,20 @@ class _ClusterAppender:
             name = self._slot_node[slot] = node.name
         return name
 
-    async def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def call_many(
+        self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None = None
+    ) -> tuple[list[Any], list[Any]]:
         """Run one-key ``EVAL`` commands (the key is their 4th item), each
-        partition's in the order given; return their replies in that order."""
+        partition's in the order given, and ``after`` (a WAIT) behind each
+        node's; return their replies in that order, and ``after``'s."""
         replies: list[Any] = [None] * len(commands)
+        # A WAIT's reply counts only for a node that stored some of its batch.
+        after_replies: list[asyncio.Future[Any]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
         for _ in range(MAX_REDIRECTS + 1):
             sent: list[tuple[int, str, asyncio.Future[Any]]] = []
+            waits: dict[str, asyncio.Future[Any]] = {}
             async with self._lock:
                 by_node: dict[str, list[tuple[int, bool]]] = {}
                 for i, target, asking in todo:
@@ -208,18 +215,25 @@ class _ClusterAppender:
                     batch: list[tuple[Any, ...]] = []
                     for i, asking in items:
                         batch += [("ASKING",), commands[i]] if asking else [commands[i]]
+                    if after is not None:
+                        batch.append(after)
                     try:
                         connection = await self._connection(name)
                         futures = await connection.send_many(batch)
                     except (rexc.ConnectionError, rexc.TimeoutError, OSError):
                         self._forget(name)
                         raise
+                    if after is not None:
+                        waits[name] = futures.pop()
+                        batch.pop()
                     futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
                     sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
             todo = []
+            stored: set[str] = set()
             for i, name, future in sent:
                 try:
                     replies[i] = await future
+                    stored.add(name)
                 except rexc.AskError as exc:  # MovedError is one too
                     # Not run. Sent again, under the lock, before any later batch
                     # of its slot: the map changes only there.
@@ -230,8 +244,14 @@ class _ClusterAppender:
                     replies[i] = exc
                 except rexc.ResponseError as exc:
                     replies[i] = exc
+            for name, wait in waits.items():
+                if name in stored:
+                    after_replies.append(wait)
+                else:  # every batch there was redirected (it may be a replica now)
+                    wait.add_done_callback(lambda f: f.cancelled() or f.exception())
             if not todo:
-                return replies
+                waited = await asyncio.gather(*after_replies, return_exceptions=True)
+                return replies, list(waited)
         raise rexc.ClusterDownError(
             f"a batch was redirected {MAX_REDIRECTS} times: the cluster keeps moving its slot"
         )
@@ -290,6 +310,7 @@ class RedisClusterBackend(RedisBackend):
         max_connections: int = 64,
         socket_timeout: float = SOCKET_TIMEOUT,
         ssl_ca_certs: str | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self._idle: dict[tuple[str, str, str], float] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
@@ -298,7 +319,14 @@ class RedisClusterBackend(RedisBackend):
             max_connections=max_connections,
             socket_timeout=socket_timeout,
             ssl_ca_certs=ssl_ca_certs,
+            durability=durability,
         )
+
+    async def _append_many(
+        self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
+    ) -> tuple[list[Any], list[Any]]:
+        appender: _ClusterAppender = self._appender
+        return await appender.call_many(commands, after)
 
     def _in_order(self, socket_timeout: float) -> Any:
         return _ClusterAppender(self._redis, timeout=socket_timeout)
