@@ -32,6 +32,15 @@ import streamsub
 from streamsub.testing import redis_cluster, redis_server
 
 
+def _cpu(clients: list[redis.Redis]) -> float:
+    """CPU seconds the servers have used (user + system, all of them)."""
+    total = 0.0
+    for client in clients:
+        info = client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
 def _calls(clients: list[redis.Redis]) -> int:
     total = 0
     for client in clients:
@@ -49,12 +58,15 @@ async def _measure(url: str, nodes: Callable[[], list[redis.Redis]], n: int) -> 
             streamsub.OutgoingMessage(data=b"x" * 100, ordering_key=f"k{i % 1000}")
             for i in range(n)
         ]
+        servers = nodes()
+        cpu = _cpu(servers)
         started = time.perf_counter()
         chunk = 1000
         await asyncio.gather(
             *(client.publish_many("bench", messages[i : i + chunk]) for i in range(0, n, chunk))
         )
         publish = n / (time.perf_counter() - started)
+        publish_cpu = _cpu(servers) - cpu
 
         seen: set[str] = set()
         done = asyncio.Event()
@@ -69,6 +81,7 @@ async def _measure(url: str, nodes: Callable[[], list[redis.Redis]], n: int) -> 
             if len(seen) == n:
                 done.set()
 
+        cpu = _cpu(servers)
         started = time.perf_counter()
         async with (
             client.subscribe("bench-sub", handler, consumer="a"),
@@ -76,6 +89,9 @@ async def _measure(url: str, nodes: Callable[[], list[redis.Redis]], n: int) -> 
         ):
             await asyncio.wait_for(done.wait(), 300)
             consume = n / (time.perf_counter() - started)
+            consume_cpu = _cpu(servers) - cpu
+            for server in servers:
+                server.close()
             await asyncio.sleep(1.5)  # idle now
             servers = nodes()
             before, t0 = _calls(servers), time.perf_counter()
@@ -92,6 +108,8 @@ async def _measure(url: str, nodes: Callable[[], list[redis.Redis]], n: int) -> 
     latencies.sort()
     return {
         "publish": publish,
+        "publish_per_cpu": n / publish_cpu,
+        "consume_per_cpu": n / consume_cpu,
         "consume": consume,
         "idle_calls": idle,
         "latency_p50_ms": 1000 * statistics.median(latencies),
@@ -179,11 +197,15 @@ def main() -> None:
             rows.append(("cluster (3 masters)", result))
             reads = asyncio.run(_read_paths(cluster.url, args.messages))
     print(f"{args.messages} messages of 100 B, 16 partitions, 1000 keys; two subscribers")
-    print("| server | publish msgs/s | consume msgs/s | idle commands/s | latency p50 | max |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| server | publish msgs/s | consume msgs/s | server CPU: msgs published / "
+        "consumed per CPU-second | idle commands/s | latency p50 | max |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, r in rows:
         print(
-            f"| {name} | {r['publish']:,.0f} | {r['consume']:,.0f} | {r['idle_calls']:,.0f} "
+            f"| {name} | {r['publish']:,.0f} | {r['consume']:,.0f} "
+            f"| {r['publish_per_cpu']:,.0f} / {r['consume_per_cpu']:,.0f} | {r['idle_calls']:,.0f} "
             f"| {r['latency_p50_ms']:.1f} ms | {r['latency_max_ms']:.1f} ms |"
         )
     print()
