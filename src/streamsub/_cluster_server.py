@@ -64,6 +64,11 @@ def _free_port_pair() -> int:
     raise StreamsubError("no free pair of loopback ports (p, p + 10000) for a cluster node")
 
 
+def _runs(server: RedisServer) -> bool:
+    """Whether the server's process runs (not stopped, not killed)."""
+    return server.process is not None and server.process.poll() is None
+
+
 def _masters(lines: list[str]) -> list[str]:
     """``CLUSTER NODES`` lines of the masters not marked failed."""
     return [
@@ -164,7 +169,7 @@ class RedisClusterServers:
         """Wait until every running node says ``cluster_state:ok`` with the same
         view of the masters and of every running replica's master, and every
         running replica is in sync."""
-        running = [s for s in self.servers if s.process is not None]
+        running = [s for s in self.servers if _runs(s)]
         nodes: list[Any] = [self.node(s.port) for s in running]
         try:
             self._wait("cluster_state:ok and synced replicas", lambda: self._ready(nodes), timeout)
@@ -200,7 +205,7 @@ class RedisClusterServers:
     def master_ports(self) -> list[int]:
         """The ports of the nodes that are masters now (they change on failover)."""
         for server in self.servers:
-            if server.process is None:
+            if not _runs(server):
                 continue
             node = self.node(server.port)
             try:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -129,6 +130,10 @@ def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     return nodes, options
 
 
+class _NotConnected(rexc.ConnectionError):
+    """A node refused a new connection: nothing was sent on it."""
+
+
 class _NodePool:
     """Connections to one cluster node of the appender's own, as InOrderConnection
     takes them from a pool. Not the node's pool: redis-py's cluster client
@@ -139,7 +144,12 @@ class _NodePool:
         self.node = node
 
     async def get_connection(self) -> Any:
-        return self.node.connection_class(**self.node.connection_kwargs)
+        connection: Any = self.node.connection_class(**self.node.connection_kwargs)
+        try:
+            await connection.connect()
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            raise _NotConnected(f"cannot connect to {self.node.name}: {exc}") from exc
+        return connection
 
     async def release(self, connection: Any) -> None:
         with contextlib.suppress(rexc.RedisError, OSError):
@@ -210,31 +220,7 @@ class _ClusterAppender:
             sent: list[tuple[int, str, asyncio.Future[Any]]] = []
             waits: dict[str, asyncio.Future[Any]] = {}
             async with self._lock:
-                by_node: dict[str, list[tuple[int, bool]]] = {}
-                for i, target, asking in todo:
-                    slot = key_slot(_keys_text(commands[i][3]))
-                    if target is None:
-                        target = await self._node_for(slot)
-                    elif not asking:  # MOVED: the slot's new home, from now on
-                        self._slot_node[slot] = target
-                    by_node.setdefault(target, []).append((i, asking))
-                for name, items in by_node.items():
-                    batch: list[tuple[Any, ...]] = []
-                    for i, asking in items:
-                        batch += [("ASKING",), commands[i]] if asking else [commands[i]]
-                    if after is not None:
-                        batch.append(after)
-                    try:
-                        connection = await self._connection(name)
-                        futures = await connection.send_many(batch)
-                    except (rexc.ConnectionError, rexc.TimeoutError, OSError):
-                        self._forget(name)
-                        raise
-                    if after is not None:
-                        waits[name] = futures.pop()
-                        batch.pop()
-                    futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
-                    sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
+                await self._send_all(commands, todo, after, sent, waits)
             todo = []
             stored: set[str] = set()
             for i, name, future in sent:
@@ -263,6 +249,63 @@ class _ClusterAppender:
             f"a batch was redirected {MAX_REDIRECTS} times: the cluster keeps moving its slot"
         )
 
+    async def _send_all(
+        self,
+        commands: list[tuple[Any, ...]],
+        todo: list[tuple[int, str | None, bool]],
+        after: tuple[Any, ...] | None,
+        sent: list[tuple[int, str, asyncio.Future[Any]]],
+        waits: dict[str, asyncio.Future[Any]],
+    ) -> None:
+        """Route and send ``todo`` (under the lock), adding each command's reply
+        future to ``sent`` and each node's ``after`` to ``waits``.
+
+        A node that refuses a new connection (a master killed and not yet
+        replaced) got nothing: its commands are routed afresh from a new view of
+        the cluster and sent again, with growing pauses, until the socket
+        timeout; so a publish stalls through a failover instead of failing, and
+        holding the lock keeps later batches behind it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        pause = 0.05
+        while todo:
+            by_node: dict[str, list[tuple[int, bool]]] = {}
+            for i, target, asking in todo:
+                slot = key_slot(_keys_text(commands[i][3]))
+                if target is None:
+                    target = await self._node_for(slot)
+                elif not asking:  # MOVED: the slot's new home, from now on
+                    self._slot_node[slot] = target
+                by_node.setdefault(target, []).append((i, asking))
+            todo = []
+            for name, items in by_node.items():
+                batch: list[tuple[Any, ...]] = []
+                for i, asking in items:
+                    batch += [("ASKING",), commands[i]] if asking else [commands[i]]
+                if after is not None:
+                    batch.append(after)
+                try:
+                    connection = await self._connection(name)
+                    futures = await connection.send_many(batch)
+                except _NotConnected:
+                    self._forget(name)
+                    self._connections.pop(name, None)
+                    if loop.time() + pause > deadline:
+                        raise
+                    todo += [(i, None, False) for i, _ in items]
+                    continue
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+                    self._forget(name)
+                    raise
+                if after is not None:
+                    waits[name] = futures.pop()
+                    batch.pop()
+                futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
+                sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
+            if todo:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
     def _forget(self, name: str) -> None:
         """A node's connection broke: route its slots afresh next time (it may be
         gone, or a replica now)."""
@@ -273,6 +316,19 @@ class _ClusterAppender:
         for connection in self._connections.values():
             await connection.close()
         self._connections.clear()
+
+
+_REDIS_PY = os.path.dirname(rexc.__file__) + os.sep
+
+
+def _raised_in_redis_py(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside the redis package."""
+    traceback = exc.__traceback__
+    if traceback is None:
+        return False
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return traceback.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
 
 
 def _keys_text(key: Any) -> str:
@@ -347,6 +403,16 @@ class RedisClusterBackend(RedisBackend):
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
                     f"{exc}); try again"
+                ) from exc
+            except (AttributeError, KeyError, IndexError, TypeError) as exc:
+                # redis-py 5.0's cluster pipeline trips over a node it has just
+                # dropped from its view (AttributeError on None) while the
+                # cluster fails over: transient. Our own bugs still raise.
+                if not _raised_in_redis_py(exc):
+                    raise
+                raise UnavailableError(
+                    f"redis-py's cluster client failed while the Redis Cluster at {self.url} "
+                    f"changes ({type(exc).__name__}: {exc}); try again"
                 ) from exc
 
     async def _layout(self, record: TopicRecord) -> TopicRecord:
