@@ -36,9 +36,13 @@ redis-py's cluster client. What differs:
   that changes only under its send lock, so that a batch redirected by
   ``MOVED`` or ``ASK`` is sent again (``ASKING`` on the same connection, in the
   same write) before any later batch of its partition: order is kept across a
-  slot's move. ``CLUSTERDOWN``, ``TRYAGAIN`` and lost connections fail the
-  publish (it may or may not be stored after a lost connection; it is not
-  after the others).
+  slot's move. A node that refuses a new connection (a killed master not yet
+  replaced) got nothing, so its batches are routed afresh and retried until
+  the socket timeout: a publish stalls through the failover. ``CLUSTERDOWN``,
+  ``TRYAGAIN`` and a connection lost with batches in flight fail the publish
+  (it may or may not be stored after a lost connection; it is not after the
+  others). The appender's connections are its own, not the node pools':
+  redis-py closes every pooled connection on some errors.
 - **Dead letters**: the dead-letter stream is in another slot, so the move is
   append first, then an owner-checked acknowledgement: a crash between the two
   can duplicate a dead letter, never lose one.
