@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import redis
 
 from streamsub._backends.redis import RedisBackend, RedisClusterBackend, _keys
@@ -14,6 +16,12 @@ def stream_key(redis_client: redis.Redis, topic: str, partition: int | str) -> s
     partition = int(partition)  # a message id's first part, say
     salt = int(salts[partition]) if salts else 0
     return _keys.stream_key(_keys.partition_tag(topic, partition, salt))
+
+
+TEST_BACKEND: type[RedisBackend] = (
+    RedisClusterBackend if os.environ.get("STREAMSUB_TEST_BACKEND") == "cluster" else RedisBackend
+)
+"""The backend class of the session's server, for tests that subclass it."""
 
 
 def backend_class(url: str) -> type[RedisBackend]:
@@ -42,3 +50,13 @@ def reset_stats(redis_client: redis.Redis) -> None:
         redis_client.config_resetstat(target_nodes=redis.RedisCluster.PRIMARIES)
     else:
         redis_client.config_resetstat()
+
+
+def pause_writes(redis_client: redis.Redis, milliseconds: int) -> None:
+    """CLIENT PAUSE ... WRITE on the server, or on every master of a cluster."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.execute_command(
+            "CLIENT", "PAUSE", milliseconds, "WRITE", target_nodes=redis.RedisCluster.PRIMARIES
+        )
+    else:
+        redis_client.execute_command("CLIENT", "PAUSE", milliseconds, "WRITE")
