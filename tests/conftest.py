@@ -1,4 +1,10 @@
-"""Fixtures shared by every test: a real, private redis-server per session."""
+"""Fixtures shared by every test: a real, private redis-server per session.
+
+With ``STREAMSUB_TEST_BACKEND=cluster`` the session's server is a private Redis
+Cluster instead (3 masters, 3 replicas): ``server.url`` is its
+``redis+cluster://`` URL and ``redis_client`` a cluster-aware client, so the
+same tests run on both.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ import pytest
 import redis
 
 import streamsub
-from streamsub.testing import RedisServer, redis_server
+from streamsub.testing import RedisClusterServers, RedisServer, redis_cluster, redis_server
 from tests._proxy import Proxy
 
 
@@ -20,19 +26,45 @@ def redis_binary() -> str | None:
     return os.environ.get("STREAMSUB_TEST_REDIS_SERVER") or None
 
 
+ON_CLUSTER = os.environ.get("STREAMSUB_TEST_BACKEND", "standalone") == "cluster"
+"""Whether the session's server is a Redis Cluster (``STREAMSUB_TEST_BACKEND=cluster``)."""
+if os.environ.get("STREAMSUB_TEST_BACKEND", "standalone") not in ("standalone", "cluster"):
+    raise RuntimeError("STREAMSUB_TEST_BACKEND must be 'standalone' (the default) or 'cluster'")
+
+
+@pytest.fixture(scope="session")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_binary: str | None
+) -> Iterator[RedisClusterServers]:
+    """A private Redis Cluster (3 masters, 3 replicas, AOF on) for this test session."""
+    with redis_cluster(tmp_path_factory.mktemp("cluster"), binary=redis_binary) as running:
+        yield running
+
+
 @pytest.fixture(scope="session")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, redis_binary: str | None
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_binary: str | None,
 ) -> Iterator[RedisServer]:
-    """A redis-server with AOF on, private to this test session."""
+    """A redis-server with AOF on, private to this test session (the session's
+    cluster under ``STREAMSUB_TEST_BACKEND=cluster``: only its ``url`` is used then)."""
+    if ON_CLUSTER:
+        yield request.getfixturevalue("cluster")
+        return
     with redis_server(tmp_path_factory.mktemp("redis"), binary=redis_binary) as running:
         yield running
 
 
 @pytest.fixture
 def redis_client(server: RedisServer) -> Iterator[redis.Redis]:
-    """A plain synchronous redis-py client on the test server, for inspecting state."""
-    client = redis.Redis.from_url(server.url)
+    """A plain synchronous redis-py client on the test server, for inspecting state
+    (a cluster-aware one on a cluster: it routes each key to its node)."""
+    client: redis.Redis = (
+        server.client()  # type: ignore[assignment]
+        if isinstance(server, RedisClusterServers)
+        else redis.Redis.from_url(server.url)
+    )
     yield client
     client.close()
 

@@ -56,6 +56,7 @@ from ._errors import (
 from ._message import Message, OutgoingMessage
 from ._settings import (
     BatchSettings,
+    Durability,
     FlowControl,
     LimitExceededBehavior,
     Limits,
@@ -77,6 +78,7 @@ __all__ = [
     "ClosedError",
     "DEFAULT_URL",
     "DeadLetter",
+    "Durability",
     "FailedPreconditionError",
     "FlowControl",
     "FlowControlLimitError",

@@ -55,6 +55,7 @@ from ._settings import (
     DEFAULT_PARTITIONS,
     MAX_PARTITIONS,
     BatchSettings,
+    Durability,
     FlowControl,
     Limits,
     PublishFlowControl,
@@ -189,12 +190,16 @@ def connect(
     retention_interval: float = DEFAULT_RETENTION_INTERVAL,
     socket_timeout: float | None = None,
     ssl_ca_certs: str | os.PathLike[str] | None = None,
+    durability: Durability | None = None,
 ) -> Client:
     """A client for the server at ``url`` (default: ``$STREAMSUB_URL``, else
     ``redis://localhost:6379/0``); use it as ``async with connect(...) as client``.
 
     URLs: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS,
-    ``unix:///path/to/redis.sock``. Pass ``backend`` to use another backend.
+    ``unix:///path/to/redis.sock``; Redis Cluster:
+    ``redis+cluster://[user:password@]host:port[,host:port...]`` (any nodes to
+    discover it from), ``rediss+cluster://`` for TLS. Pass ``backend`` to use
+    another backend.
     With ``trim_in_background`` (default True) the client enforces the
     retention of the topics it publishes to and of the subscriptions it
     subscribes to (their topics and dead-letter topics) every
@@ -210,19 +215,24 @@ def connect(
     called. Keep it above 5 s if this client subscribes (a subscriber's reads
     block up to that long). ``ssl_ca_certs`` is the CA file that signed a
     ``rediss://`` server's certificate (or ``?ssl_ca_certs=/path`` in the URL).
+    ``durability`` (default: none) makes ``publish`` return only once that
+    many replicas of the partition's master hold the messages (:class:`Durability`).
     """
     if backend is None:
-        from ._backends.redis import RedisBackend
+        from ._backends.redis import RedisBackend, RedisClusterBackend
         from ._backends.redis._backend import SOCKET_TIMEOUT
 
-        backend = RedisBackend(
-            url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL,
+        url = url or os.environ.get("STREAMSUB_URL") or DEFAULT_URL
+        on_cluster = url.partition("://")[0].lower() in ("redis+cluster", "rediss+cluster")
+        backend = (RedisClusterBackend if on_cluster else RedisBackend)(
+            url,
             socket_timeout=SOCKET_TIMEOUT if socket_timeout is None else socket_timeout,
             ssl_ca_certs=None if ssl_ca_certs is None else os.fspath(ssl_ca_certs),
+            durability=durability,
         )
-    elif socket_timeout is not None or ssl_ca_certs is not None:
+    elif socket_timeout is not None or ssl_ca_certs is not None or durability is not None:
         raise InvalidArgumentError(
-            "socket_timeout and ssl_ca_certs configure the Redis connection; "
+            "socket_timeout, ssl_ca_certs and durability configure the Redis connection; "
             "with backend=..., set them on the backend instead"
         )
     return Client(

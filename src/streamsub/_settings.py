@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "MAX_PARTITIONS",
     "BatchSettings",
+    "Durability",
     "FlowControl",
     "LimitExceededBehavior",
     "Limits",
@@ -167,3 +168,35 @@ class Limits:
 
     def __post_init__(self) -> None:
         _positive("Limits", "max_message_bytes", self.max_message_bytes, integer=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Durability:
+    """When ``publish`` returns: once Redis stored the batch (``replicas=0``,
+    the default), or once ``replicas`` replicas of its master also hold it
+    (``WAIT replicas timeout``, sent right behind the batch on the same
+    connection, so it covers exactly what was written before it).
+
+    What each level survives: ``replicas=0`` — a crash of the Redis process
+    with ``appendfsync always`` (up to a second lost with ``everysec``), not
+    the loss of the machine or a failover to a replica that had not caught up;
+    ``replicas=1`` — also a failover (manual, or a master killed or lost with
+    its disk) to that replica, while at most one copy is lost at a time. If
+    fewer replicas confirm within ``timeout`` seconds (default 5), the publish
+    raises :class:`~streamsub.UnavailableError`: the messages are stored on the
+    master but may be lost if it fails now (publishing them again may
+    duplicate them). ``timeout`` must stay below the connection's socket
+    timeout (10 s by default). ``WAITAOF`` (Redis 7.2+) is not used yet.
+    """
+
+    replicas: int = 0
+    timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int):
+            raise InvalidArgumentError(f"Durability.replicas must be an int, got {self.replicas!r}")
+        if not 0 <= self.replicas <= 100:
+            raise InvalidArgumentError(
+                f"Durability.replicas must be from 0 to 100, got {self.replicas!r}"
+            )
+        _positive("Durability", "timeout", self.timeout)

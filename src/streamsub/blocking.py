@@ -73,6 +73,7 @@ from ._settings import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
     DEFAULT_PARTITIONS,
     BatchSettings,
+    Durability,
     FlowControl,
     Limits,
     PublishFlowControl,
@@ -95,6 +96,7 @@ def connect(
     retention_interval: float = DEFAULT_RETENTION_INTERVAL,
     socket_timeout: float | None = None,
     ssl_ca_certs: str | os.PathLike[str] | None = None,
+    durability: Durability | None = None,
 ) -> Client:
     """A blocking client for the server at ``url``, connected and ready.
 
@@ -114,6 +116,7 @@ def connect(
         retention_interval=retention_interval,
         socket_timeout=socket_timeout,
         ssl_ca_certs=ssl_ca_certs,
+        durability=durability,
     )
 
 
@@ -224,6 +227,7 @@ class Client:
         retention_interval: float = DEFAULT_RETENTION_INTERVAL,
         socket_timeout: float | None = None,
         ssl_ca_certs: str | os.PathLike[str] | None = None,
+        durability: Durability | None = None,
     ) -> None:
         """Start the loop thread and connect on it (see :func:`connect`)."""
         self._loop = LoopThread("the streamsub.blocking client")
@@ -242,6 +246,7 @@ class Client:
                 retention_interval=retention_interval,
                 socket_timeout=socket_timeout,
                 ssl_ca_certs=ssl_ca_certs,
+                durability=durability,
             )
             try:
                 return await client.__aenter__()

@@ -1,7 +1,8 @@
 """Helpers for testing code that uses streamsub, and for testing streamsub.
 
 ``redis_server()`` runs a private, real redis-server for a test session (TLS
-only with ``make_tls_files()``). ``ACL_RULE`` is the least-privilege ACL rule
+only with ``make_tls_files()``); ``redis_cluster()`` a private Redis Cluster
+(3 masters and 3 replicas by default). ``ACL_RULE`` is the least-privilege ACL rule
 for a streamsub user (``ACL SETUSER name on >password`` + the rule).
 ``CONFORMANCE_CHECKS`` and the ``check_*`` functions are the behaviour every
 backend must show: each takes a connected client and raises AssertionError
@@ -9,6 +10,7 @@ saying what is wrong.
 """
 
 from ._backends.redis._acl import ACL_RULE
+from ._cluster_server import RedisClusterServers, redis_cluster
 from ._conformance import (
     CONFORMANCE_CHECKS,
     check_auto_ack_exception_nacks,
@@ -25,6 +27,7 @@ from ._server import RedisServer, TlsFiles, find_redis_server, make_tls_files, r
 __all__ = [
     "ACL_RULE",
     "CONFORMANCE_CHECKS",
+    "RedisClusterServers",
     "RedisServer",
     "TlsFiles",
     "check_auto_ack_exception_nacks",
@@ -37,5 +40,6 @@ __all__ = [
     "check_sync_handler",
     "find_redis_server",
     "make_tls_files",
+    "redis_cluster",
     "redis_server",
 ]

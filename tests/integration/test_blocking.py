@@ -20,6 +20,7 @@ import streamsub
 import streamsub.blocking
 from streamsub._engine.reader import READ_BLOCK_MS
 from streamsub.testing import RedisServer
+from tests._layout import pause_writes, stream_key
 
 SCRIPT = Path(__file__).with_name("blocking_subscriber.py")
 
@@ -37,7 +38,7 @@ def stored(redis_client: redis.Redis, topic: str, partitions: int) -> list[tuple
     partition, each in stored order."""
     entries = []
     for partition in range(partitions):
-        for entry_id, fields in redis_client.xrange(f"ss:{{{topic}.{partition}}}"):
+        for entry_id, fields in redis_client.xrange(stream_key(redis_client, topic, partition)):
             key = fields.get(b"k", b"").decode()
             entries.append((f"{partition}-{entry_id.decode()}", fields[b"d"], key))
     return entries
@@ -46,7 +47,8 @@ def stored(redis_client: redis.Redis, topic: str, partitions: int) -> list[tuple
 def pending(redis_client: redis.Redis, topic: str, group: str, partitions: int) -> int:
     """Messages delivered to ``group`` and not acked, over every partition."""
     return sum(
-        redis_client.xpending(f"ss:{{{topic}.{p}}}", group)["pending"] for p in range(partitions)
+        redis_client.xpending(stream_key(redis_client, topic, p), group)["pending"]
+        for p in range(partitions)
     )
 
 
@@ -54,7 +56,7 @@ def all_read(redis_client: redis.Redis, topic: str, group: str, partitions: int)
     """Whether ``group`` was delivered every entry of every partition (without the
     group's lag, which Redis 6.2 does not keep)."""
     for p in range(partitions):
-        key = f"ss:{{{topic}.{p}}}"
+        key = stream_key(redis_client, topic, p)
         last = redis_client.xinfo_stream(key)["last-generated-id"]
         (info,) = [g for g in redis_client.xinfo_groups(key) if g["name"] == group.encode()]
         if info["last-delivered-id"] != last:
@@ -460,7 +462,7 @@ def test_block_publish_blocks_the_calling_thread_at_the_flow_control_limit(
                 futures.append(client.publish("bounded", f"m-{i}".encode(), ordering_key="k"))
                 returned.append(time.monotonic())
 
-        redis_client.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+        pause_writes(redis_client, 1500)
         paused_at = time.monotonic()
         thread = threading.Thread(target=publisher)
         thread.start()

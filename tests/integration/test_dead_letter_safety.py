@@ -9,6 +9,7 @@ import redis
 
 import streamsub
 from streamsub._core.codec import encode
+from tests._layout import stream_key
 from tests._wait import until
 
 
@@ -41,8 +42,8 @@ async def test_dead_lettering_an_entry_twice_writes_it_once(
     assert sum(1 for w in written if w is not None) == 20
     assert written[1::3] == [None] * 20  # the retry
     assert written[2::3] == [None] * 20  # the stranger
-    assert redis_client.xlen("ss:{dl-dst.0}") == 20
-    assert redis_client.xpending("ss:{dl-src.0}", "dl-sub")["pending"] == 0
+    assert redis_client.xlen(stream_key(redis_client, "dl-dst", 0)) == 20
+    assert redis_client.xpending(stream_key(redis_client, "dl-src", 0), "dl-sub")["pending"] == 0
 
 
 async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
@@ -66,7 +67,7 @@ async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
     )
     for partition in range(2):
         redis_client.xreadgroup(
-            "spent-sub", "crashed", {f"ss:{{spent.{partition}}}": ">"}, count=100
+            "spent-sub", "crashed", {stream_key(redis_client, "spent", partition): ">"}, count=100
         )
     seen_outstanding: list[int] = []
 
@@ -78,13 +79,13 @@ async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
 
         def done() -> bool:
             seen_outstanding.append(sub.statistics().flow.outstanding_messages)
-            return redis_client.xlen("ss:{spent-dl.0}") == 60
+            return redis_client.xlen(stream_key(redis_client, "spent-dl", 0)) == 60
 
         await until(done, 20, "60 dead letters")
         assert sub.statistics().dead_lettered == 60
     assert max(seen_outstanding) <= 5
     assert max(seen_outstanding) >= 1, "exhausted entries were not counted in flow control"
-    assert redis_client.xpending("ss:{spent.0}", "spent-sub")["pending"] == 0
+    assert redis_client.xpending(stream_key(redis_client, "spent", 0), "spent-sub")["pending"] == 0
 
 
 async def test_a_deleted_dead_letter_topic_stops_the_subscriber_instead_of_swallowing(
@@ -95,6 +96,7 @@ async def test_a_deleted_dead_letter_topic_stops_the_subscriber_instead_of_swall
     message stays pending for when the topic exists again."""
     await client.create_topic("dlgone", partitions=2)
     await client.create_topic("dlgone-dead", partitions=1)
+    dead_stream = stream_key(redis_client, "dlgone-dead", 0)
     await client.create_subscription("dlgone-sub", topic="dlgone", dead_letter_topic="dlgone-dead")
 
     async def handler(message: streamsub.Message) -> None:
@@ -107,9 +109,10 @@ async def test_a_deleted_dead_letter_topic_stops_the_subscriber_instead_of_swall
     with pytest.raises(streamsub.TopicNotFoundError):
         await asyncio.wait_for(sub.wait(), 10)
     await sub.stop()
-    assert not redis_client.exists("ss:{dlgone-dead.0}")
+    assert not redis_client.exists(dead_stream)
     pending = sum(
-        redis_client.xpending(f"ss:{{dlgone.{p}}}", "dlgone-sub")["pending"] for p in range(2)
+        redis_client.xpending(stream_key(redis_client, "dlgone", p), "dlgone-sub")["pending"]
+        for p in range(2)
     )
     assert pending == 10
 

@@ -14,7 +14,9 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisServer
+from tests._layout import stream_key
 from tests._wait import until
+from tests.conftest import ON_CLUSTER
 
 DEAD_LETTER_KEYS = {
     "streamsub.source_topic",
@@ -184,13 +186,20 @@ async def test_foreign_entry_is_dead_lettered_as_undecodable(
         client.subscribe("mixed-dead-sub", dead),
     ):
         cli = shutil.which("redis-cli")
-        if cli:
+        if cli and not ON_CLUSTER:  # redis-cli -u takes no cluster URL
             process = await asyncio.create_subprocess_exec(
-                cli, "-u", server.url, "XADD", "ss:{mixed.0}", "*", "foo", "bar"
+                cli,
+                "-u",
+                server.url,
+                "XADD",
+                stream_key(redis_client, "mixed", 0),
+                "*",
+                "foo",
+                "bar",
             )
             assert await process.wait() == 0
         else:
-            redis_client.xadd("ss:{mixed.0}", {"foo": "bar"})
+            redis_client.xadd(stream_key(redis_client, "mixed", 0), {"foo": "bar"})
         await client.publish("mixed", b"after")
         await until(
             lambda: bool(dead.messages and good), 10, "the dead letter and the good message"
@@ -253,7 +262,7 @@ async def test_a_slow_handler_keeps_its_message(
         await asyncio.sleep(3.0)
         partition, entry_id = message.message_id.split("-", 1)
         (entry,) = redis_client.xpending_range(
-            f"ss:{{slow.{partition}}}", "slow-sub", entry_id, entry_id, 1
+            stream_key(redis_client, "slow", partition), "slow-sub", entry_id, entry_id, 1
         )
         counts.append(entry["times_delivered"])
 
@@ -353,7 +362,7 @@ async def test_exactly_once_ack_after_a_lost_lease_raises(
             await message.ack_with_response()
             outcomes.append("acked")
             return
-        stream = f"ss:{{once.{message.message_id.split('-', 1)[0]}}}"
+        stream = stream_key(redis_client, "once", int(message.message_id.split("-", 1)[0]))
         entry_id = message.message_id.split("-", 1)[1]
         redis_client.xclaim(stream, "once-sub", "thief", 0, [entry_id])
         try:
@@ -451,17 +460,22 @@ async def test_consumer_names_and_idle_consumer_cleanup(
     first, second = client.subscribe("crew-sub", nothing), client.subscribe("crew-sub", nothing)
     assert first.consumer != second.consumer
     await client.publish("crew", b"m")
-    redis_client.xreadgroup("crew-sub", "holder", {"ss:{crew.0}": ">"}, count=1)
-    redis_client.xgroup_createconsumer("ss:{crew.0}", "crew-sub", "idle-empty")
+    redis_client.xreadgroup(
+        "crew-sub", "holder", {stream_key(redis_client, "crew", 0): ">"}, count=1
+    )
+    redis_client.xgroup_createconsumer(
+        stream_key(redis_client, "crew", 0), "crew-sub", "idle-empty"
+    )
     await asyncio.sleep(1.1)
     async with client.subscribe("crew-sub", nothing, consumer="sweeper", consumer_expiry=1.0):
-        names = lambda: {c["name"] for c in redis_client.xinfo_consumers("ss:{crew.0}", "crew-sub")}  # noqa: E731
+        stream = stream_key(redis_client, "crew", 0)
+        names = lambda: {c["name"] for c in redis_client.xinfo_consumers(stream, "crew-sub")}  # noqa: E731
         await until(
             lambda: b"idle-empty" not in names() and "idle-empty" not in names(), 5, "the cleanup"
         )
         consumers = {
             (c["name"].decode() if isinstance(c["name"], bytes) else c["name"]): c["pending"]
-            for c in redis_client.xinfo_consumers("ss:{crew.0}", "crew-sub")
+            for c in redis_client.xinfo_consumers(stream_key(redis_client, "crew", 0), "crew-sub")
         }
     assert "idle-empty" not in consumers
     assert consumers.get("holder") == 1
@@ -495,10 +509,12 @@ async def test_pending_entries_trimmed_away_are_counted_lost(
     counted as lost and logged when the reclaimer finds it, never dropped silently."""
     await client.create_topic("trimmed", partitions=1)
     await client.create_subscription("trimmed-sub", topic="trimmed", ack_deadline=0.5)
-    redis_client.xreadgroup("trimmed-sub", "crashed", {"ss:{trimmed.0}": ">"})
+    redis_client.xreadgroup("trimmed-sub", "crashed", {stream_key(redis_client, "trimmed", 0): ">"})
     await client.publish("trimmed", b"doomed")
-    (entry,) = redis_client.xreadgroup("trimmed-sub", "crashed", {"ss:{trimmed.0}": ">"})[0][1]
-    redis_client.xdel("ss:{trimmed.0}", entry[0])
+    (entry,) = redis_client.xreadgroup(
+        "trimmed-sub", "crashed", {stream_key(redis_client, "trimmed", 0): ">"}
+    )[0][1]
+    redis_client.xdel(stream_key(redis_client, "trimmed", 0), entry[0])
 
     async def handler(message: streamsub.Message) -> None:
         raise AssertionError("a deleted entry must not be delivered")

@@ -19,8 +19,8 @@ import redis
 import streamsub
 from streamsub import Message, RetryPolicy
 from streamsub._backends.base import NackItem
-from streamsub._backends.redis import RedisBackend
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, command_calls, reset_stats, stream_key
 from tests._wait import until
 
 
@@ -90,7 +90,7 @@ async def test_ten_delayed_nacks_each_come_back_once_after_the_backoff(
         await asyncio.sleep(2.6)
         for partition in range(2):
             pending = redis_client.xpending_range(
-                f"ss:{{later.{partition}}}", "later-sub", "-", "+", 100
+                stream_key(redis_client, "later", partition), "later-sub", "-", "+", 100
             )
             idle = [p["time_since_delivered"] for p in pending]
             assert idle, "the nacked messages must be pending"
@@ -152,7 +152,9 @@ async def test_a_late_nack_of_an_old_delivery_leaves_the_new_one_alone(
     items = {0: [NackItem(e.entry_id, 0, 0, 1, True) for e in entries]}
     given = await backend.nack(record, "late-sub", "c", items, 30_000)
     assert given == {0: []}
-    pending = redis_client.xpending_range("ss:{late.0}", "late-sub", "-", "+", 100)
+    pending = redis_client.xpending_range(
+        stream_key(redis_client, "late", 0), "late-sub", "-", "+", 100
+    )
     assert [p["times_delivered"] for p in pending] == [2] * 20
     assert max(p["time_since_delivered"] for p in pending) < 5_000  # not made idle
 
@@ -172,7 +174,10 @@ async def test_a_crashed_consumers_messages_come_back_while_a_long_nack_waits(
     await client.publish_many("orphans", [f"m{i}".encode() for i in range(20)])
     for partition in range(2):  # a consumer that read them and died
         redis_client.xreadgroup(
-            "orphans-sub", "crashed", {f"ss:{{orphans.{partition}}}": ">"}, count=100
+            "orphans-sub",
+            "crashed",
+            {stream_key(redis_client, "orphans", partition): ">"},
+            count=100,
         )
     read_at = time.monotonic()
     await client.publish("orphans", b"poison", ordering_key="p")
@@ -220,7 +225,7 @@ async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_ba
     or the other."""
     redis_client.flushall()
 
-    class SlowAcks(RedisBackend):
+    class SlowAcks(backend_class(server.url)):  # type: ignore[misc]
         async def ack(self, *args: Any, **kwargs: Any) -> int:
             await asyncio.sleep(4.5)
             return await super().ack(*args, **kwargs)
@@ -249,7 +254,7 @@ async def test_an_ack_that_reaches_the_server_late_does_not_bring_the_message_ba
             assert one.statistics().reclaimed == 0
     assert set(handled.values()) == {1}, handled
     assert all(
-        redis_client.xpending(f"ss:{{lateack.{p}}}", "lateack-sub")["pending"] == 0
+        redis_client.xpending(stream_key(redis_client, "lateack", p), "lateack-sub")["pending"] == 0
         for p in range(2)
     )
 
@@ -277,11 +282,11 @@ async def test_waiting_delayed_nacks_cost_sweeps_no_lookups(
     async with client.subscribe("parked-sub", handler, ack_mode="manual", flow_control=flow) as sub:
         await until(lambda: sub.statistics().nacked == 300, 20, "300 nacked")
         await asyncio.sleep(0.5)
-        redis_client.config_resetstat()
+        reset_stats(redis_client)
         await asyncio.sleep(2.0)  # about twenty sweeps
-        stats = redis_client.info("commandstats")
-    assert stats.get("cmdstat_zscore", {}).get("calls", 0) == 0
-    sweeps_times_partitions = stats["cmdstat_zrangebyscore"]["calls"]  # one per sweep start
+        calls = command_calls(redis_client)
+    assert calls.get("cmdstat_zscore", 0) == 0
+    sweeps_times_partitions = calls["cmdstat_zrangebyscore"]  # one per sweep start
     assert sweeps_times_partitions >= 10
-    assert stats["cmdstat_xpending"]["calls"] <= 3 * sweeps_times_partitions
+    assert calls["cmdstat_xpending"] <= 3 * sweeps_times_partitions
     assert sub.statistics().reclaimed == 0

@@ -18,6 +18,7 @@ import redis
 import streamsub
 from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisServer
+from tests._layout import stream_key
 from tests._wait import until
 
 KEYS = 40
@@ -218,7 +219,7 @@ async def test_a_blocked_key_moves_on_when_its_nacked_message_is_settled_elsewhe
         where = []
         for message_id in nacked:
             partition, entry_id = message_id.split("-", 1)
-            where.append((f"ss:{{orders.{partition}}}", entry_id))
+            where.append((stream_key(redis_client, "orders", partition), entry_id))
         if fate == "handled by another subscriber":
             for stream, entry_id in where:
                 redis_client.xclaim(stream, "billing", "another-subscriber", 0, [entry_id])

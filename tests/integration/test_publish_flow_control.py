@@ -16,9 +16,9 @@ import redis
 
 import streamsub
 from streamsub._backends.base import Link, TopicRecord
-from streamsub._backends.redis import RedisBackend
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
+from tests._layout import TEST_BACKEND, stream_key
 from tests._wait import until
 
 BLOCK = streamsub.LimitExceededBehavior.BLOCK
@@ -26,7 +26,7 @@ ERROR = streamsub.LimitExceededBehavior.ERROR
 IGNORE = streamsub.LimitExceededBehavior.IGNORE
 
 
-class _Gated(RedisBackend):
+class _Gated(TEST_BACKEND):
     """Appends wait until the gate opens."""
 
     def __init__(self, url: str) -> None:
@@ -48,7 +48,7 @@ def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> list[tupl
     return [
         (fields.get(b"k", b"").decode(), fields[b"d"])
         for p in range(partitions)
-        for _, fields in redis_client.xrange(f"ss:{{{topic}.{p}}}")
+        for _, fields in redis_client.xrange(stream_key(redis_client, topic, p))
     ]
 
 

@@ -9,9 +9,9 @@ import redis
 
 import streamsub
 from streamsub._backends.base import BrokenLinkError, Link, TopicRecord
-from streamsub._backends.redis import RedisBackend
 from streamsub._core.codec import encode
 from streamsub.testing import RedisServer
+from tests._layout import TEST_BACKEND, stream_key
 
 
 async def test_messages_of_one_key_are_stored_in_publish_order(
@@ -33,7 +33,7 @@ async def test_messages_of_one_key_are_stored_in_publish_order(
 
     stored: dict[str, list[bytes]] = {key: [] for key in keys}
     for partition in range(4):
-        for _, fields in redis_client.xrange(f"ss:{{ordered.{partition}}}"):
+        for _, fields in redis_client.xrange(stream_key(redis_client, "ordered", partition)):
             stored[fields[b"k"].decode()].append(fields[b"d"])
     for key in keys:
         expected = [m.data for chunk in chunks for m in chunk if m.ordering_key == key]
@@ -49,7 +49,7 @@ async def test_a_linked_write_runs_only_after_the_write_it_follows(
     stored answers BrokenLinkError and stores nothing, while the same append's
     other partitions are stored; an unlinked write always runs."""
     redis_client.flushall()
-    backend = RedisBackend(server.url)
+    backend = TEST_BACKEND(server.url)
     try:
         topic = await backend.create_topic(TopicRecord("links", 3, "", time.time()))
 
@@ -82,7 +82,9 @@ async def test_a_linked_write_runs_only_after_the_write_it_follows(
         await backend.close()
 
     def data(partition: int) -> list[bytes]:
-        return [f[b"d"] for _, f in redis_client.xrange(f"ss:{{links.{partition}}}")]
+        return [
+            f[b"d"] for _, f in redis_client.xrange(stream_key(redis_client, "links", partition))
+        ]
 
     assert data(0) == [b"a1", b"a2", b"a3"]
     assert data(1) == [b"b1", b"b3"]

@@ -16,15 +16,15 @@ import redis
 
 import streamsub
 from streamsub._backends.base import Link, TopicRecord
-from streamsub._backends.redis import RedisBackend
 from streamsub._core.codec import encode
 from streamsub._engine.publisher import MAX_IN_FLIGHT, PublishGate, TopicPublisher
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
+from tests._layout import TEST_BACKEND, stream_key
 from tests._wait import until
 
 
-class _FailsOnce(RedisBackend):
+class _FailsOnce(TEST_BACKEND):
     """Its first append raises ``error`` (not a streamsub error); later ones work."""
 
     def __init__(self, url: str, error: BaseException) -> None:
@@ -43,7 +43,7 @@ class _FailsOnce(RedisBackend):
         return await super().append(topic, batch, links)
 
 
-class _Gated(RedisBackend):
+class _Gated(TEST_BACKEND):
     """Appends wait until the gate opens: a backend that has gone slow."""
 
     def __init__(self, url: str) -> None:
@@ -66,7 +66,7 @@ def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
     return {
         f"{p}-{entry_id.decode()}"
         for p in range(partitions)
-        for entry_id, _ in redis_client.xrange(f"ss:{{{topic}.{p}}}")
+        for entry_id, _ in redis_client.xrange(stream_key(redis_client, topic, p))
     }
 
 
@@ -158,7 +158,7 @@ async def test_publish_waits_for_room_while_the_queue_is_full(
 
     stored: dict[str, list[bytes]] = {f"key-{k}": [] for k in range(3)}
     for partition in range(2):
-        for _, fields in redis_client.xrange(f"ss:{{pressure.{partition}}}"):
+        for _, fields in redis_client.xrange(stream_key(redis_client, "pressure", partition)):
             stored[fields[b"k"].decode()].append(fields[b"d"])
     total = MAX_IN_FLIGHT + 10 + 2
     for k in range(3):

@@ -95,6 +95,10 @@ class TopicRecord:
     layout: str
     created: float
     retention: Retention | None = None
+    salts: tuple[int, ...] = ()
+    """Per partition, the salt of its keys' hash tag where the backend chose
+    them (Redis Cluster: so that partitions spread evenly over the masters);
+    empty: the layout's plain tags."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""The Redis backend (standalone server); scripts are the ``.lua`` files beside it."""
+"""The Redis backends, standalone and Cluster; scripts are the ``.lua`` files beside them."""
 
 from ._backend import RedisBackend
+from ._cluster import RedisClusterBackend
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "RedisClusterBackend"]

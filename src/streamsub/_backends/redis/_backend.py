@@ -39,6 +39,7 @@ from ..._errors import (
     TopicNotFoundError,
     UnavailableError,
 )
+from ..._settings import Durability
 from ..base import (
     BrokenLinkError,
     Entry,
@@ -193,7 +194,8 @@ class RedisBackend:
     ``socket_timeout`` (default :data:`SOCKET_TIMEOUT`) bounds how long a
     command waits for its reply before its connection counts as dead: a
     ``publish`` on a silent connection raises ``UnavailableError`` after about
-    that long. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
+    that long. ``durability`` (:class:`~streamsub.Durability`) makes a publish
+    wait for replicas. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
     server's certificate (also ``?ssl_ca_certs=/path`` in the URL).
     """
 
@@ -204,8 +206,14 @@ class RedisBackend:
         max_connections: int = 64,
         socket_timeout: float = SOCKET_TIMEOUT,
         ssl_ca_certs: str | None = None,
+        durability: Durability | None = None,
     ) -> None:
         self._url = url
+        self._durability = durability or Durability()
+        if not isinstance(self._durability, Durability):
+            raise InvalidArgumentError(
+                f"durability must be a streamsub.Durability, got {type(durability).__name__}"
+            )
         if (
             isinstance(socket_timeout, bool)
             or not isinstance(socket_timeout, int | float)
@@ -215,13 +223,18 @@ class RedisBackend:
                 f"socket_timeout must be seconds from 0 to 3600, got {socket_timeout!r}; "
                 f"keep it above the subscriber's longest read block ({MAX_READ_BLOCK:g} s)"
             )
+        if self._durability.replicas and not self._durability.timeout < socket_timeout:
+            raise InvalidArgumentError(
+                f"Durability.timeout ({self._durability.timeout:g} s) must be below the "
+                f"socket timeout ({socket_timeout:g} s): the WAIT behind a batch holds its reply"
+            )
         parts = urllib.parse.urlsplit(url)
         scheme, query = parts.scheme, dict(urllib.parse.parse_qsl(parts.query))
         options: dict[str, Any] = {}
         if ssl_ca_certs is not None:
             options["ssl_ca_certs"] = str(ssl_ca_certs)
         tls = {**{k: v for k, v in query.items() if k.startswith("ssl_")}, **options}
-        if scheme != "rediss" and tls:
+        if scheme not in ("rediss", "rediss+cluster") and tls:
             raise InvalidArgumentError(
                 f"TLS options ({', '.join(tls)}) need a rediss:// URL, not {redact(url)!r}"
             )
@@ -233,12 +246,42 @@ class RedisBackend:
                     "CA that signed the server's certificate (ssl_ca_certs) or your "
                     "client certificate and key"
                 )
-        if scheme in ("redis", "rediss"):  # TCP: unix sockets take no keepalive
+        if scheme != "unix":  # TCP: unix sockets take no keepalive
             options["socket_keepalive"] = True
             options["socket_keepalive_options"] = _KEEPALIVE_OPTIONS
         # redis-py types its asyncio commands as ``Awaitable[T] | T``; the
         # results are checked where they are read instead.
-        self._redis: Any
+        self._redis: Any = self._open(url, options, socket_timeout, max_connections)
+        self._socket_timeout = float(socket_timeout)
+        self._append = _Script(_script("append.lua"))
+        self._appender = self._in_order(socket_timeout)
+        self._create_record = _Script(_script("create_record.lua"))
+        self._ack = _Script(_script("ack.lua"))
+        self._extend = _Script(_script("extend.lua"))
+        self._nack = _Script(_script("nack.lua"))
+        self._reclaim = _Script(_script("reclaim.lua"))
+        self._dead_letter = _Script(_script("dead_letter.lua"))
+        self._ack_owned = _Script(_script("ack_owned.lua"))
+        self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
+        self._trim = _Script(_script("trim.lua", ids=True))
+        self._unlock = _Script(_script("unlock.lua"))
+        self._set_field = _Script(_script("set_field.lua"))
+        self._replace_hash = _Script(_script("replace_hash.lua"))
+        self._extend_lock = _Script(_script("extend_lock.lua"))
+        self._seek = _Script(_script("seek.lua"))
+        self._delete_entries = _Script(_script("delete_entries.lua"))
+        self._claim_entries = _Script(_script("claim_entries.lua"))
+        self._stats = _Script(_script("stats.lua"))
+        self._own = _Script(_script("own.lua"))
+        self._hold = _Script(_script("snapshot.lua", ids=True))
+        self._partition_tags: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
+        self._stream_keys: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
+        self._partition_of: dict[bytes, int] = {}
+
+    def _open(
+        self, url: str, options: dict[str, Any], socket_timeout: float, max_connections: int
+    ) -> Any:
+        """The redis-py client for ``url``; ``options``: TLS and keepalive settings."""
         try:
             # With every connection busy (blocking reads hold theirs for up to a
             # read block), a command waits for one, up to socket_timeout,
@@ -258,10 +301,11 @@ class RedisBackend:
                 retry_on_error=[rexc.ConnectionError],
                 **options,
             )
-            self._redis = aioredis.Redis.from_pool(pool)
+            client = aioredis.Redis.from_pool(pool)
             # Entries stay flat lists (field, value, ...): redis-py's default
             # turns each into a dict, which costs more than decoding it.
-            self._redis.set_response_callback("XREADGROUP", _raw)
+            client.set_response_callback("XREADGROUP", _raw)
+            return client
         except ValueError as exc:
             if "@" not in url and "password=" not in url:
                 raise InvalidArgumentError(
@@ -276,31 +320,12 @@ class RedisBackend:
                 "and use redis://user:password@host:port/db, rediss://... for TLS or "
                 "unix:///path/to/redis.sock?password=..."
             ) from None
-        self._socket_timeout = float(socket_timeout)
-        self._append = _Script(_script("append.lua"))
-        self._appender = InOrderConnection(
+
+    def _in_order(self, socket_timeout: float) -> Any:
+        """Where appends go: one connection, several batches in flight in order."""
+        return InOrderConnection(
             self._redis, timeout=socket_timeout, health_check_interval=HEALTH_CHECK_INTERVAL
         )
-        self._create_record = _Script(_script("create_record.lua"))
-        self._ack = _Script(_script("ack.lua"))
-        self._extend = _Script(_script("extend.lua"))
-        self._nack = _Script(_script("nack.lua"))
-        self._reclaim = _Script(_script("reclaim.lua"))
-        self._dead_letter = _Script(_script("dead_letter.lua"))
-        self._ack_owned = _Script(_script("ack_owned.lua"))
-        self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
-        self._trim = _Script(_script("trim.lua", ids=True))
-        self._unlock = _Script(_script("unlock.lua"))
-        self._set_field = _Script(_script("set_field.lua"))
-        self._extend_lock = _Script(_script("extend_lock.lua"))
-        self._seek = _Script(_script("seek.lua"))
-        self._delete_entries = _Script(_script("delete_entries.lua"))
-        self._claim_entries = _Script(_script("claim_entries.lua"))
-        self._stats = _Script(_script("stats.lua"))
-        self._own = _Script(_script("own.lua"))
-        self._hold = _Script(_script("snapshot.lua", ids=True))
-        self._stream_keys: dict[tuple[str, int], list[str]] = {}
-        self._partition_of: dict[bytes, int] = {}
 
     @property
     def url(self) -> str:
@@ -368,11 +393,21 @@ class RedisBackend:
         except rexc.RedisError as exc:
             raise BackendError(f"Redis at {self.url} answered an error: {exc}") from exc
 
+    def _tags(self, topic: TopicRecord) -> list[str]:
+        """Each partition's hash tag, as the topic's layout says (see ``_keys``)."""
+        cache_key = (topic.name, topic.partitions, topic.salts)
+        tags = self._partition_tags.get(cache_key)
+        if tags is None:
+            salts = topic.salts or (0,) * topic.partitions
+            tags = [_keys.partition_tag(topic.name, p, salt) for p, salt in enumerate(salts)]
+            self._partition_tags[cache_key] = tags
+        return tags
+
     def _keys(self, topic: TopicRecord) -> list[str]:
-        cache_key = (topic.name, topic.partitions)
+        cache_key = (topic.name, topic.partitions, topic.salts)
         keys = self._stream_keys.get(cache_key)
         if keys is None:
-            keys = [_keys.stream_key(topic.name, p) for p in range(topic.partitions)]
+            keys = [_keys.stream_key(tag) for tag in self._tags(topic)]
             self._stream_keys[cache_key] = keys
             for partition, key in enumerate(keys):
                 self._partition_of[key.encode()] = partition
@@ -383,8 +418,11 @@ class RedisBackend:
         try:
             return await self._redis.evalsha(sha, len(keys), *keys, *args)
         except rexc.NoScriptError:
-            sha = await script.load(self._redis)
-            return await self._redis.evalsha(sha, len(keys), *keys, *args)
+            # Not run. The source, so it runs whichever server answers (a
+            # promoted replica, a node that did not get SCRIPT LOAD); loaded
+            # again for the next calls.
+            await script.load(self._redis)
+            return await self._redis.eval(script.source, len(keys), *keys, *args)
 
     async def ping(self) -> None:
         with self._errors():
@@ -436,6 +474,7 @@ class RedisBackend:
             "layout": record.layout,
             "created": repr(record.created),
             "retention": _retention_json(record.retention),
+            **({"salts": " ".join(map(str, record.salts))} if record.salts else {}),
         }
 
     @staticmethod
@@ -448,10 +487,15 @@ class RedisBackend:
                 layout=fields["layout"],
                 created=float(fields["created"]),
                 retention=Retention.from_dict(json.loads(retention)) if retention else None,
+                salts=tuple(int(salt) for salt in fields.get("salts", "").split()),
             )
 
+    async def _layout(self, record: TopicRecord) -> TopicRecord:
+        """``record`` with the layout a new topic gets here."""
+        return dataclasses.replace(record, layout=_keys.LAYOUT, salts=())
+
     async def create_topic(self, record: TopicRecord) -> TopicRecord:
-        record = dataclasses.replace(record, layout=_keys.LAYOUT)
+        record = await self._layout(record)
         stored = await self.get_topic(record.name)
         if stored is not None:
             return stored
@@ -479,8 +523,8 @@ class RedisBackend:
     async def delete_topic(self, record: TopicRecord) -> None:
         dropped = [
             key
-            for p in range(record.partitions)
-            for key in (_keys.dropped_key(record.name, p), _keys.holds_key(record.name, p))
+            for tag in self._tags(record)
+            for key in (_keys.dropped_key(tag), _keys.holds_key(tag))
         ]
         with self._errors():
             await self._redis.delete(*self._keys(record), *dropped, _keys.topic_key(record.name))
@@ -544,14 +588,12 @@ class RedisBackend:
                 for partition, key in enumerate(self._keys(topic)):
                     pipe.xgroup_destroy(key, record.name)
                     pipe.delete(
-                        _keys.delay_key(topic.name, partition, record.name),
-                        _keys.times_key(topic.name, partition, record.name),
+                        _keys.delay_key(self._tags(topic)[partition], record.name),
+                        _keys.times_key(self._tags(topic)[partition], record.name),
                     )
-                pipe.delete(
-                    _keys.subscription_key(record.name),
-                    _keys.members_key(record.name),
-                    _keys.owners_key(record.name),
-                )
+                # One key per DEL: on a cluster the records live in other slots.
+                pipe.delete(_keys.subscription_key(record.name))
+                pipe.delete(_keys.members_key(record.name), _keys.owners_key(record.name))
                 pipe.srem(_keys.SUBSCRIPTIONS, record.name)
                 results = await pipe.execute(raise_on_error=False)
             # A partition whose stream or group is already gone is what deleting
@@ -617,8 +659,20 @@ class RedisBackend:
                 commands.append(
                     ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
                 )
+        wait = self._durability.replicas
+        behind = ("WAIT", wait, max(1, int(self._durability.timeout * 1000))) if wait else None
         with self._errors():
-            replies = await self._appender.call_many(commands)
+            replies, waited = await self._append_many(commands, behind)
+        # A WAIT that failed (its connection lost, its node a replica now)
+        # confirmed nothing.
+        confirmed = [0 if isinstance(n, Exception) else int(n) for n in waited]
+        if confirmed and min(confirmed) < wait:
+            raise UnavailableError(
+                f"a batch for topic {topic.name!r} was stored on its master but only "
+                f"{min(confirmed)} of the {wait} replicas asked for confirmed it within "
+                f"{self._durability.timeout:g} s (Durability): it may be lost if that master "
+                "fails now; publishing it again may store it twice"
+            )
         results: dict[int, list[str] | StreamsubError] = {}
         for p, reply in zip(partitions, replies, strict=True):
             if isinstance(reply, Exception):
@@ -638,36 +692,52 @@ class RedisBackend:
             return translated
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _append_many(
+        self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
+    ) -> tuple[list[Any], list[Any]]:
+        """Send the appends in order on the in-order connection, ``after`` (a WAIT)
+        behind them; return their replies and ``after``'s."""
+        replies = await self._appender.call_many([*commands, after] if after else commands)
+        return (replies[:-1], replies[-1:]) if after else (replies, [])
+
     async def _evalsha_many(
         self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]
     ) -> list[Any]:
         """Run ``script`` once per (partition, keys, args) call in one round trip.
 
         A call that failed with NOSCRIPT did not run, so only those run again,
-        after the script is loaded: nothing runs twice.
+        with the script's source (so they run on whichever server answers, a
+        promoted replica or a node that missed SCRIPT LOAD), and the script is
+        loaded again for the next calls: nothing runs twice.
         """
         sha = script.sha or await script.load(self._redis)
-        todo = list(range(len(calls)))
         results: list[Any] = [None] * len(calls)
-        for _ in range(2):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for i in todo:
-                    _, keys, args = calls[i]
-                    pipe.evalsha(sha, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
-            missing = []
-            for i, reply in zip(todo, replies, strict=True):
-                if isinstance(reply, rexc.NoScriptError):
-                    missing.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    results[i] = reply
-            if not missing:
-                return results
-            todo = missing
-            sha = await script.load(self._redis)
-        raise BackendError(f"Redis at {self.url} keeps losing its scripts")
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for _, keys, args in calls:
+                # Not pipe.evalsha(): the cluster pipeline refuses it by name.
+                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+        missing = []
+        for i, reply in enumerate(replies):
+            if isinstance(reply, rexc.NoScriptError):
+                missing.append(i)
+            elif isinstance(reply, Exception):
+                raise reply
+            else:
+                results[i] = reply
+        if not missing:
+            return results
+        await script.load(self._redis)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for i in missing:
+                _, keys, args = calls[i]
+                pipe.execute_command("EVAL", script.source, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+        for i, reply in zip(missing, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            results[i] = reply
+        return results
 
     async def read(
         self,
@@ -724,8 +794,8 @@ class RedisBackend:
     def _companions(self, topic: TopicRecord, partition: int, group: str) -> list[str]:
         return [
             self._keys(topic)[partition],
-            _keys.delay_key(topic.name, partition, group),
-            _keys.times_key(topic.name, partition, group),
+            _keys.delay_key(self._tags(topic)[partition], group),
+            _keys.times_key(self._tags(topic)[partition], group),
         ]
 
     async def extend(
@@ -981,8 +1051,8 @@ class RedisBackend:
     ) -> tuple[int, int, bool]:
         keys = [
             self._keys(topic)[partition],
-            _keys.dropped_key(topic.name, partition),
-            _keys.holds_key(topic.name, partition),
+            _keys.dropped_key(self._tags(topic)[partition]),
+            _keys.holds_key(self._tags(topic)[partition]),
         ]
         args = [
             "" if max_age is None else repr(max_age * 1000),
@@ -998,7 +1068,7 @@ class RedisBackend:
         return int(deleted), int(dropped), bool(more)
 
     async def dropped_unacked(self, topic: TopicRecord) -> dict[int, int]:
-        keys = [_keys.dropped_key(topic.name, p) for p in range(topic.partitions)]
+        keys = [_keys.dropped_key(tag) for tag in self._tags(topic)]
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key in keys:
@@ -1037,7 +1107,7 @@ class RedisBackend:
     ) -> tuple[int, int]:
         keys = [
             *self._companions(topic, partition, group),
-            f"{_keys.stream_key(topic.name, partition)}:seek:{group}",
+            _keys.seek_key(self._tags(topic)[partition], group),
         ]
         acked = restored = 0
         with self._errors():
@@ -1063,7 +1133,8 @@ class RedisBackend:
     ) -> tuple[dict[int, PartitionPosition], float, float]:
         keys = self._keys(topic)
         args = [group, name, int(lifetime * 1000), max_pending]
-        calls = [(p, [key, _keys.holds_key(topic.name, p)], args) for p, key in enumerate(keys)]
+        tags = self._tags(topic)
+        calls = [(p, [key, _keys.holds_key(tags[p])], args) for p, key in enumerate(keys)]
         with self._errors():
             replies = await self._evalsha_many(self._hold, calls)
         held = [p for p, reply in enumerate(replies) if _text(reply[0]) == "ok"]
@@ -1099,7 +1170,7 @@ class RedisBackend:
         with self._errors():
             async with self._redis.pipeline(transaction=False) as pipe:
                 for p in chosen:
-                    pipe.hdel(_keys.holds_key(topic.name, p), name)
+                    pipe.hdel(_keys.holds_key(self._tags(topic)[p]), name)
                 await pipe.execute()
 
     async def create_snapshot(self, record: SnapshotRecord) -> bool:
@@ -1162,7 +1233,7 @@ class RedisBackend:
     async def delete_entries(self, topic: TopicRecord, ids: Mapping[int, Sequence[str]]) -> int:
         keys = self._keys(topic)
         calls = [
-            (p, [keys[p], _keys.claims_key(topic.name, p)], list(entry_ids))
+            (p, [keys[p], _keys.claims_key(self._tags(topic)[p])], list(entry_ids))
             for p, entry_ids in ids.items()
             if entry_ids
         ]
@@ -1177,7 +1248,11 @@ class RedisBackend:
     ) -> dict[int, list[str]]:
         keys = self._keys(topic)
         calls = [
-            (p, [keys[p], _keys.claims_key(topic.name, p)], [max(1, int(ttl * 1000)), *entry_ids])
+            (
+                p,
+                [keys[p], _keys.claims_key(self._tags(topic)[p])],
+                [max(1, int(ttl * 1000)), *entry_ids],
+            )
             for p, entry_ids in ids.items()
             if entry_ids
         ]
@@ -1296,20 +1371,14 @@ class RedisBackend:
         return await self._delivery_calls("delivery_lease.lua", topic, group, items, (min_idle_ms,))
 
     async def update_subscription(self, record: SubscriptionRecord) -> bool:
-        key = _keys.subscription_key(record.name)
         settings = json.dumps(dict(record.settings), sort_keys=True)
         with self._errors():
-            # HSET only if the record exists: XX-like, via the exists check in one
-            # transaction so a concurrent delete does not leave a half record.
-            async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.watch(key)
-                if not await pipe.exists(key):
-                    await pipe.reset()
-                    return False
-                pipe.multi()
-                pipe.hset(key, "settings", settings)
-                await pipe.execute()
-        return True
+            # Only on a record that exists, in one step: a write racing a delete
+            # would leave a half record.
+            stored = await self._evalsha(
+                self._set_field, [_keys.subscription_key(record.name)], ["settings", settings]
+            )
+        return bool(stored)
 
     async def get_labels(self, kind: Literal["topic", "subscription"], name: str) -> dict[str, str]:
         with self._errors():
@@ -1319,10 +1388,6 @@ class RedisBackend:
     async def set_labels(
         self, kind: Literal["topic", "subscription"], name: str, labels: Mapping[str, str]
     ) -> None:
-        key = _keys.labels_key(kind, name)
+        flat = [item for pair in labels.items() for item in pair]
         with self._errors():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(key)
-                if labels:
-                    pipe.hset(key, mapping=dict(labels))
-                await pipe.execute()
+            await self._evalsha(self._replace_hash, [_keys.labels_key(kind, name)], flat)

@@ -67,6 +67,14 @@ class InOrderConnection:
     async def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send commands behind those already sent, in one write; return their
         replies (an error reply as the exception, in its place)."""
+        futures = await self.send_many(commands)
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    async def send_many(self, commands: list[tuple[Any, ...]]) -> list[asyncio.Future[Any]]:
+        """Send commands behind those already sent, in one write; return the
+        futures of their replies (set to the exception for an error reply).
+        Once this returns the commands are on their way: a caller that sends
+        under a lock of its own orders them against other connections' too."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         futures = [loop.create_future() for _ in commands]
@@ -90,7 +98,7 @@ class InOrderConnection:
             for future in futures:  # failed by _broken before anyone awaits them
                 if future.done() and not future.cancelled():
                     future.exception()
-        return await asyncio.gather(*futures, return_exceptions=True)
+        return futures
 
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection

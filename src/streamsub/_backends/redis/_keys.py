@@ -1,14 +1,23 @@
 """Where streamsub keeps things in Redis.
 
-Layout ``v1``: each topic-partition's stream carries its own hash tag,
-``ss:{<topic>.<n>}``, so that on Redis Cluster partitions spread over the
-masters and the partition's companion keys (which share the tag) stay in one
-slot for single-slot Lua steps. Records are hashes; registries are sets.
+Each topic-partition's keys carry their own hash tag, so that on Redis Cluster
+partitions spread over the masters and the partition's companion keys (which
+share the tag) stay in one slot for single-slot Lua steps. Records are hashes;
+registries are sets.
+
+Layout ``v1`` (standalone servers, and every topic created before layout
+``v2``): partition ``n``'s tag is ``<topic>.<n>``, its stream ``ss:{<topic>.<n>}``.
+Layout ``v2`` (topics created on Redis Cluster): the tag is ``<topic>.<n>`` or,
+with the partition's salt ``s > 0``, ``<topic>.<n>|<s>`` (``|`` is never part
+of a topic name); the salts, stored with the topic, were chosen so that the
+partitions spread evenly over the masters that served the slots when the
+topic was created (``_slots.py``).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CLUSTER_LAYOUT",
     "LAYOUT",
     "SUBSCRIPTIONS",
     "TOPICS",
@@ -22,7 +31,9 @@ __all__ = [
     "link_pattern",
     "lock_key",
     "members_key",
+    "partition_tag",
     "owners_key",
+    "seek_key",
     "snapshot_key",
     "stream_key",
     "subscription_key",
@@ -31,6 +42,9 @@ __all__ = [
 ]
 
 LAYOUT = "v1"
+"""The layout of topics created on a standalone server."""
+CLUSTER_LAYOUT = "v2"
+"""The layout of topics created on Redis Cluster: per-partition salts."""
 TOPICS = "ss:topics"
 SUBSCRIPTIONS = "ss:subscriptions"
 SNAPSHOTS = "ss:snapshots"
@@ -46,9 +60,14 @@ def subscription_key(name: str) -> str:
     return f"ss:sub:{name}"
 
 
-def stream_key(topic: str, partition: int) -> str:
-    """The stream of one partition of ``topic``."""
-    return f"ss:{{{topic}.{partition}}}"
+def partition_tag(topic: str, partition: int, salt: int = 0) -> str:
+    """The hash tag (without braces) of one partition's keys."""
+    return f"{topic}.{partition}|{salt}" if salt else f"{topic}.{partition}"
+
+
+def stream_key(tag: str) -> str:
+    """The stream of the partition whose tag is ``tag``."""
+    return f"ss:{{{tag}}}"
 
 
 def link_key(stream: str, writer: str) -> str:
@@ -64,35 +83,41 @@ def link_pattern(topic: str) -> str:
     return f"ss:{{{topic}.*}}:link:*"
 
 
-def delay_key(topic: str, partition: int, group: str) -> str:
+def delay_key(tag: str, group: str) -> str:
     """The sorted set of a group's entries nacked with a delay longer than the
     ack deadline (score: when they are due, ms); it shares the stream's tag."""
-    return f"ss:{{{topic}.{partition}}}:delay:{group}"
+    return f"ss:{{{tag}}}:delay:{group}"
 
 
-def times_key(topic: str, partition: int, group: str) -> str:
+def times_key(tag: str, group: str) -> str:
     """The hash of a group's first and last delivery times (``first:last`` ms) of
     entries that were nacked; it shares the stream's tag."""
-    return f"ss:{{{topic}.{partition}}}:times:{group}"
+    return f"ss:{{{tag}}}:times:{group}"
 
 
-def dropped_key(topic: str, partition: int) -> str:
+def seek_key(tag: str, group: str) -> str:
+    """The set of ids a running seek of ``group`` made pending again; it shares
+    the stream's tag."""
+    return f"ss:{{{tag}}}:seek:{group}"
+
+
+def dropped_key(tag: str) -> str:
     """The counter of unacknowledged entries that retention dropped from one
     partition (only with ``drop_unacked=True``); it shares the stream's tag."""
-    return f"ss:{{{topic}.{partition}}}:dropped"
+    return f"ss:{{{tag}}}:dropped"
 
 
-def claims_key(topic: str, partition: int) -> str:
+def claims_key(tag: str) -> str:
     """The hash of a partition's entries claimed by a dead-letter replay (entry
     id -> claim expiry, server ms); it shares the stream's tag."""
-    return f"ss:{{{topic}.{partition}}}:claims"
+    return f"ss:{{{tag}}}:claims"
 
 
-def holds_key(topic: str, partition: int) -> str:
+def holds_key(tag: str) -> str:
     """The hash of live snapshots' holds on one partition (snapshot name ->
     ``"<lowest id it needs> <expiry, server ms>"``), written in the step that
     reads the positions and read by the trim step; it shares the stream's tag."""
-    return f"ss:{{{topic}.{partition}}}:holds"
+    return f"ss:{{{tag}}}:holds"
 
 
 def lock_key(name: str) -> str:

@@ -1,0 +1,62 @@
+"""Where a test finds streamsub's keys, on a standalone server or a cluster."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+from streamsub._backends.redis import RedisBackend, RedisClusterBackend, _keys
+
+
+def stream_key(redis_client: redis.Redis, topic: str, partition: int | str) -> str:
+    """The stream of ``topic``'s ``partition``, as the topic's stored layout names it
+    (its salts on a cluster, the plain ``ss:{<topic>.<n>}`` otherwise)."""
+    salts = (redis_client.hget(_keys.topic_key(topic), "salts") or b"").split()
+    partition = int(partition)  # a message id's first part, say
+    salt = int(salts[partition]) if salts else 0
+    return _keys.stream_key(_keys.partition_tag(topic, partition, salt))
+
+
+TEST_BACKEND: type[RedisBackend] = (
+    RedisClusterBackend if os.environ.get("STREAMSUB_TEST_BACKEND") == "cluster" else RedisBackend
+)
+"""The backend class of the session's server, for tests that subclass it."""
+
+
+def backend_class(url: str) -> type[RedisBackend]:
+    """The backend class that ``streamsub.connect(url)`` uses, to subclass in a test."""
+    return RedisClusterBackend if "+cluster://" in url else RedisBackend
+
+
+def command_calls(redis_client: redis.Redis) -> dict[str, int]:
+    """Calls per command (``cmdstat_<name>`` -> calls) since the last reset, summed
+    over the masters on a cluster."""
+    if isinstance(redis_client, redis.RedisCluster):
+        per_node = redis_client.info("commandstats", target_nodes=redis.RedisCluster.PRIMARIES)
+        stats = list(per_node.values())
+    else:
+        stats = [redis_client.info("commandstats")]
+    calls: dict[str, int] = {}
+    for node in stats:
+        for name, value in node.items():
+            calls[name] = calls.get(name, 0) + int(value["calls"])
+    return calls
+
+
+def reset_stats(redis_client: redis.Redis) -> None:
+    """CONFIG RESETSTAT on the server, or on every master of a cluster."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.config_resetstat(target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        redis_client.config_resetstat()
+
+
+def pause_writes(redis_client: redis.Redis, milliseconds: int) -> None:
+    """CLIENT PAUSE ... WRITE on the server, or on every master of a cluster."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.execute_command(
+            "CLIENT", "PAUSE", milliseconds, "WRITE", target_nodes=redis.RedisCluster.PRIMARIES
+        )
+    else:
+        redis_client.execute_command("CLIENT", "PAUSE", milliseconds, "WRITE")
