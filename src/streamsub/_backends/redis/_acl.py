@@ -4,7 +4,8 @@ README's Security section quotes :data:`ACL_RULE`, and a test runs publish,
 subscribe, dead letters and admin as a user holding exactly this rule, so the
 two cannot drift. Keys are limited to ``ss:*``; commands to the data types
 streamsub stores (streams, hashes, sets, sorted sets: the Lua scripts' commands
-are checked too), the scripts' own commands, and a few for connecting. No
+are checked too; GET and SET for the publishers' links, SCAN to find them when a
+topic is deleted), the scripts' own commands, and a few for connecting. No
 dangerous commands (FLUSHALL, CONFIG, KEYS, DEBUG, ...), no pub/sub channels.
 """
 
@@ -15,7 +16,7 @@ __all__ = ["ACL_RULE"]
 ACL_RULE = (
     "resetkeys ~ss:* resetchannels -@all "
     "+@stream +@hash +@set +@sortedset "
-    "+exists +del +time "
+    "+exists +del +time +get +set +scan "
     "+eval +evalsha +script|load "
     "+ping +select +hello +info +memory|usage"
 )

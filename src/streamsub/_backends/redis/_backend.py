@@ -663,6 +663,11 @@ class RedisBackend:
         behind = ("WAIT", wait, max(1, int(self._durability.timeout * 1000))) if wait else None
         with self._errors():
             replies, waited = await self._append_many(commands, behind)
+            for reply in replies:
+                # A connection lost under a write: its outcome, and that of every
+                # write on that connection, is unknown. The call fails as a whole.
+                if isinstance(reply, rexc.ConnectionError | rexc.TimeoutError | OSError):
+                    raise reply
         # A WAIT that failed (its connection lost, its node a replica now)
         # confirmed nothing.
         confirmed = [0 if isinstance(n, Exception) else int(n) for n in waited]
