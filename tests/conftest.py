@@ -78,6 +78,14 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
 
 
 @pytest.fixture
+def private_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (standalone), for tests that change its
+    settings (maxmemory) or pause its writes (CLIENT PAUSE)."""
+    with redis_server(data_dir, binary=redis_binary) as running:
+        yield running
+
+
+@pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     """A private directory for a test's own servers."""
     return tmp_path

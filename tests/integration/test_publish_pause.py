@@ -4,26 +4,17 @@ refuse writes (``maxmemory`` tiny, ``noeviction``: every append fails with OOM).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 import streamsub
 from streamsub._core.partition import partition_for_key
-from streamsub.testing import RedisServer, redis_server
+from streamsub.testing import RedisServer
 from tests._proxy import Proxy
 from tests._wait import until
 
 KEYS = [f"key-{k}" for k in range(6)]
-
-
-@pytest.fixture
-def oom_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
-    """A private server: its memory settings change, so it is not the session's."""
-    with redis_server(data_dir, binary=redis_binary) as running:
-        yield running
 
 
 def _evals(admin: redis.Redis) -> int:
@@ -41,7 +32,7 @@ def _stored(admin: redis.Redis, topic: str, partitions: int) -> dict[str, list[b
 
 
 async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
-    oom_server: RedisServer,
+    private_server: RedisServer,
 ) -> None:
     """With the server out of memory, many publishes over six keys and keyless ones all
     fail: keyed ones with ResourceExhaustedError or, queued behind a failure,
@@ -50,10 +41,10 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
     ones and a fresh key are not paused. With memory back, a paused key still fails
     until resume_publish, then publishes, and each key's stream order is exactly what
     was stored before plus what was published after."""
-    admin = redis.Redis.from_url(oom_server.url)
+    admin = redis.Redis.from_url(private_server.url)
     batch = streamsub.BatchSettings(max_messages=5, max_latency=0.001)
     try:
-        async with streamsub.connect(oom_server.url, batch_settings=batch) as client:
+        async with streamsub.connect(private_server.url, batch_settings=batch) as client:
             await client.create_topic("paused", partitions=4)
             before = [
                 streamsub.OutgoingMessage(data=f"before-{i}".encode(), ordering_key=KEYS[i % 6])
@@ -137,19 +128,19 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
 
 
 async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
-    oom_server: RedisServer,
+    private_server: RedisServer,
 ) -> None:
     """With PublishFlowControl full (BLOCK), a publish of key k waiting for room fails
     with OrderingKeyPausedError as soon as an earlier publish of k fails, without
     reaching Redis: after resume_publish and publishing the failed message again,
     k's stream holds only the message published again, not the waiting one first."""
-    admin = redis.Redis.from_url(oom_server.url)
+    admin = redis.Redis.from_url(private_server.url)
     # Batches wait 0.2 s to fill: a window in which the test reacts to the failure.
     batch = streamsub.BatchSettings(max_latency=0.2)
     flow = streamsub.PublishFlowControl(message_limit=2)
     try:
         async with streamsub.connect(
-            oom_server.url, batch_settings=batch, publish_flow_control=flow
+            private_server.url, batch_settings=batch, publish_flow_control=flow
         ) as client:
             await client.create_topic("gated", partitions=1)
             await client.publish("gated", b"warm-up")  # the topic's publisher exists
@@ -184,7 +175,7 @@ async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
 
 
 async def test_writes_in_flight_behind_a_refused_one_do_not_overtake_it(
-    oom_server: RedisServer, proxy: Proxy
+    private_server: RedisServer, proxy: Proxy
 ) -> None:
     """Redis refuses a write (out of memory) while the next writes of the same
     partitions are already on their way, and memory is back before they arrive.
@@ -196,8 +187,8 @@ async def test_writes_in_flight_behind_a_refused_one_do_not_overtake_it(
     The replies are held by a proxy, so that the publisher sends on while Redis
     has already refused the first write (as with any round trip longer than a write).
     """
-    admin = redis.Redis.from_url(oom_server.url)
-    port = await proxy.start("127.0.0.1", oom_server.port)
+    admin = redis.Redis.from_url(private_server.url)
+    port = await proxy.start("127.0.0.1", private_server.port)
     batch = streamsub.BatchSettings(max_messages=1000, max_latency=0.001)
     partitions = 4
     hot = [key for key in (f"hot-{k}" for k in range(200)) if partition_for_key(key, 4) == 0]

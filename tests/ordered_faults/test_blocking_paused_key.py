@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 import redis
@@ -18,19 +16,12 @@ import redis
 import streamsub
 import streamsub.blocking
 from streamsub._core.partition import partition_for_key
-from streamsub.testing import RedisServer, redis_server
-
-
-@pytest.fixture
-def own_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
-    """A private server: its memory settings change and its writes are paused."""
-    with redis_server(data_dir, binary=redis_binary) as running:
-        yield running
+from streamsub.testing import RedisServer
 
 
 @pytest.mark.timeout(60)
 def test_a_blocking_publish_of_a_paused_key_fails_fast_even_when_it_must_wait_for_room(
-    own_server: RedisServer,
+    private_server: RedisServer,
 ) -> None:
     """Key k is paused by a refused write (out of memory). With PublishFlowControl
     full (message_limit=2, two publishes of another key held by CLIENT PAUSE
@@ -41,11 +32,11 @@ def test_a_blocking_publish_of_a_paused_key_fails_fast_even_when_it_must_wait_fo
     and semantics as the async API"). Instead it waits for room; meanwhile the
     application resumes k and publishes the failed message again, and the
     waiting message is stored before it, breaking k's order."""
-    admin = redis.Redis.from_url(own_server.url)
+    admin = redis.Redis.from_url(private_server.url)
     flow = streamsub.PublishFlowControl(message_limit=2)
     try:
         with streamsub.blocking.connect(
-            own_server.url, publish_flow_control=flow, trim_in_background=False
+            private_server.url, publish_flow_control=flow, trim_in_background=False
         ) as client:
             client.create_topic("orders", partitions=1)
             admin.config_set("maxmemory-policy", "noeviction")

@@ -8,27 +8,18 @@ waits for the id, but the message, already queued, is written all the same."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 import streamsub
 import streamsub.blocking
-from streamsub.testing import RedisServer, redis_server
-
-
-@pytest.fixture
-def own_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
-    """A private server: its writes are paused."""
-    with redis_server(data_dir, binary=redis_binary) as running:
-        yield running
+from streamsub.testing import RedisServer
 
 
 @pytest.mark.timeout(30)
 def test_a_publish_future_that_says_it_was_cancelled_was_not_published(
-    own_server: RedisServer,
+    private_server: RedisServer,
 ) -> None:
     """While Redis holds writes (CLIENT PAUSE WRITE, 1 s), 20 publishes are made and
     their futures cancelled. Each future either refuses (cancel() False, as
@@ -36,9 +27,9 @@ def test_a_publish_future_that_says_it_was_cancelled_was_not_published(
     message must not be stored: an application that publishes a "cancelled"
     message again must not get it twice (README: publish "returns a
     concurrent.futures.Future of the message id at once, as Pub/Sub's does")."""
-    admin = redis.Redis.from_url(own_server.url)
+    admin = redis.Redis.from_url(private_server.url)
     try:
-        with streamsub.blocking.connect(own_server.url, trim_in_background=False) as client:
+        with streamsub.blocking.connect(private_server.url, trim_in_background=False) as client:
             client.create_topic("orders", partitions=1)
             client.publish("orders", b"warm-up").result(timeout=10)
             admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
