@@ -8,6 +8,7 @@ partition meanwhile."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -37,7 +38,7 @@ async def test_a_joining_subscriber_gets_its_partition_while_a_key_there_waits_o
     key = next(k for k in (f"k{i}" for i in range(100)) if partition_for_key(k, 2) == 1)
     seen: list[tuple[int, int, str]] = []
 
-    def recorder(name: str):  # type: ignore[no-untyped-def]
+    def recorder(name: str) -> Callable[[streamsub.Message], Awaitable[None]]:
         async def handle(message: streamsub.Message) -> None:
             seen.append((index(message), message.delivery_attempt, name))
             if index(message) == 0 and message.delivery_attempt == 1:

@@ -7,6 +7,7 @@ not first take over what is pending there before it reads on."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -33,7 +34,7 @@ async def test_an_owner_that_gets_its_partition_back_takes_over_what_is_pending_
     port = await proxy.start("127.0.0.1", server.port)
     journal = Journal()
 
-    def handler(who: str, pause: float):  # type: ignore[no-untyped-def]
+    def handler(who: str, pause: float) -> Callable[[streamsub.Message], Awaitable[None]]:
         async def handle(message: streamsub.Message) -> None:
             journal.enter(message, who)
             await asyncio.sleep(pause)
