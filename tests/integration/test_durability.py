@@ -20,6 +20,7 @@ async def test_a_publish_waits_for_a_replica_and_fails_without_one(
     client: streamsub.Client,
     redis_client: redis.Redis,
     tmp_path_factory: pytest.TempPathFactory,
+    redis_binary: str | None,
 ) -> None:
     """With Durability(replicas=1) and no replica, a publish raises
     UnavailableError after the timeout (the message is stored on the server
@@ -34,6 +35,7 @@ async def test_a_publish_waits_for_a_replica_and_fails_without_one(
     assert sum(redis_client.xlen(s) for s in streams) == 1
     with redis_server(
         tmp_path_factory.mktemp("replica"),
+        binary=redis_binary,  # the same server as the primary (Redis, or Valkey)
         extra_args=("--replicaof", "127.0.0.1", str(server.port)),
     ) as replica:
         follower = redis.Redis(port=replica.port)
