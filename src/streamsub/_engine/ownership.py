@@ -25,15 +25,19 @@ token.
   until a renewal says which are still its own: the fencing is local, by the
   clock, checked before every read, sweep and handler start, so a member that
   wakes from a stall longer than its lease never acts on a partition another
-  now owns. Reads block for at most a second, under a third of the lease, so
-  a read sent while the lease surely held is answered before anyone else can
-  own the partition. Each message carries the fencing token its partition had
+  now owns. Each message carries the fencing token its partition had
   when it was taken, and starts only while that token is still ours: messages
   of a partition lost meanwhile (and maybe owned again since, under a new
   token) are given back unseen (their delivery not counted) for the owner
   that took them over. A handler already running finishes, but its ack or
   nack settles nothing once the new owner has taken the message over
   (settling checks the delivery).
+- **Not fenced in Redis: reads.** As a Kafka consumer's fetches, an
+  ``XREADGROUP`` is not checked against the token at the server: a read at the
+  server when the partition moves (for at most its one-second block), or a
+  read request held in the network past a third of the lease, can still take
+  entries that are now another's. They go back unstarted, but the new owner
+  may have run later messages of their keys first (README, Partition ownership).
 """
 
 from __future__ import annotations
@@ -80,8 +84,7 @@ class Assignment:
 
     @property
     def swept(self) -> list[int]:
-        """Swept for idle and due entries: also those being handed over, whose nacked
-        messages must come back here while their later ones wait."""
+        """Swept for idle and due entries (none once the assignment has expired)."""
         return self._swept if self._clock() < self._valid_until else []
 
     def set(
@@ -239,6 +242,7 @@ class PartitionOwner:
                     sorted(lost),
                     self._group,
                 )
+                self._hand_over(sorted(lost))
             handing_back = (self._handing_back - set(release)) | set(result.hand_back)
             if handing_back - self._handing_back:
                 # What waits there goes back now, for the new owner to take over in
@@ -285,6 +289,7 @@ class PartitionOwner:
             self._consumer,
         )
         self.fenced = True
+        self._hand_over(sorted(self.owned))
         self.owned = {}
         self._valid_until = 0.0
         for task in self._tasks:
