@@ -1,0 +1,187 @@
+"""Review of issue 10: StreamingPull flow control as Pub/Sub defines it.
+
+google.pubsub.v1.StreamingPullRequest: ``max_outstanding_messages`` and
+``max_outstanding_bytes`` — "If the value is <= 0, there is no limit"; both "can
+only be set on the initial StreamingPullRequest. If it is set on a subsequent
+request, the stream will be aborted with status INVALID_ARGUMENT"; ``client_id``
+— "When a stream disconnects and reconnects for the same stream, the client_id
+should be set to the same value so that state associated with the old stream
+can be transferred to the new stream". Issue 10, What to build 2: "the first
+request's subscription, stream_ack_deadline_seconds, client_id,
+max_outstanding_messages and max_outstanding_bytes (honour them server-side, or
+clients pile up messages and they come back as duplicates)".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+import pytest
+from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.types import FlowControl
+from google.pubsub_v1 import types as gapic
+
+from tests.gateway.test_streaming import _RawStream, _setup, wait_for
+
+
+def _publish(publisher: pubsub_v1.PublisherClient, topic: str, count: int, size: int = 8) -> None:
+    for future in [publisher.publish(topic, bytes(size)) for _ in range(count)]:
+        future.result(timeout=60)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_outstanding_messages": -1},
+        {"max_outstanding_bytes": -1},
+    ],
+    ids=["messages=-1", "bytes=-1"],
+)
+def test_negative_flow_control_means_no_limit(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    limits: dict[str, int],
+) -> None:
+    """A negative max_outstanding_messages or max_outstanding_bytes is "no limit"
+    (Go's client sends a negative ReceiveSettings.MaxOutstandingMessages/Bytes as
+    is, documented as "no limit"): the stream must deliver. The gateway computes a
+    negative budget and delivers nothing, for ever."""
+    topic, name = _setup(publisher, subscriber, project)
+    _publish(publisher, topic, 20)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(subscription=name, stream_ack_deadline_seconds=60, **limits),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 20, 10, "20 messages on an unlimited stream")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(stream.messages())} delivered") from None
+    finally:
+        stream.close()
+
+
+def test_zero_max_outstanding_messages_means_no_limit(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """The official Python client with legacy flow control sends
+    max_outstanding_messages=0 ("no limit" on the server) and limits itself to its
+    FlowControl(max_messages=1500): a callback that keeps 1,500 messages before
+    acking them all (a batching consumer) gets them. The gateway silently caps a 0
+    at 1,000 outstanding (StreamSettings.default_max_messages, in no README line),
+    so such a consumer waits for ever."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 1500)
+    held: list[Any] = []
+    lock = threading.Lock()
+
+    def keep(message: Any) -> None:
+        with lock:
+            held.append(message)
+
+    future = subscriber.subscribe(
+        name,
+        keep,
+        flow_control=FlowControl(max_messages=1500),
+        use_legacy_flow_control=True,
+    )
+    try:
+        wait_for(lambda: len(held) >= 1500, 25, "1,500 messages held before any ack")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(held)} held") from None
+    finally:
+        with lock:
+            for message in held:
+                message.ack()
+        future.cancel()
+        future.result(timeout=30)
+
+
+def test_max_outstanding_bytes_is_not_overshot_by_large_messages(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """With max_outstanding_bytes = 256 KiB and 64 KiB messages, at most about four
+    (one more at most) may be out before acks. The gateway sizes its first read by
+    an assumed 1 KiB per message and sends all 40 (2.5 MiB, ten times the limit):
+    exactly the pile-up the issue says server-side flow control must prevent."""
+    topic, name = _setup(publisher, subscriber, project)
+    size = 64 * 1024
+    _publish(publisher, topic, 40, size)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name,
+            stream_ack_deadline_seconds=60,
+            max_outstanding_messages=1000,
+            max_outstanding_bytes=256 * 1024,
+        ),
+    )
+    try:
+        wait_for(lambda: stream.messages(), 20, "the first messages")
+        time.sleep(1.5)  # what the gateway sends before any ack
+        out = sum(len(m.message.data) for m in stream.messages())
+        assert out <= 256 * 1024 + size, (
+            f"{len(stream.messages())} messages, {out} bytes out against a 262,144-byte limit"
+        )
+    finally:
+        stream.close()
+
+
+def test_a_reconnecting_client_id_keeps_its_outstanding_messages(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """A stream that reconnects with the same client_id carries the old stream's
+    state: its 10 unacked messages still count against max_outstanding_messages=10,
+    so the new stream gets nothing until they are acked. The gateway ignores
+    client_id (it only logs it) and gives the new stream a fresh budget: 20
+    messages out against a limit of 10 (what a 30-minute stream end does to every
+    client)."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 50)
+    first = gapic.StreamingPullRequest(
+        subscription=name,
+        stream_ack_deadline_seconds=600,
+        max_outstanding_messages=10,
+        client_id="reconnecting-client",
+    )
+    old = _RawStream(subscriber, first)
+    wait_for(lambda: len(old.messages()) >= 10, 20, "the first stream's 10 messages")
+    old.close()
+    new = _RawStream(subscriber, first)
+    try:
+        time.sleep(1.5)
+        assert not new.messages(), (
+            f"the reconnected stream got {len(new.messages())} more messages while the "
+            "same client still holds 10 unacked ones"
+        )
+    finally:
+        new.close()
+
+
+@pytest.mark.parametrize("field", ["max_outstanding_messages", "max_outstanding_bytes"])
+def test_flow_control_on_a_later_request_aborts_the_stream(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    field: str,
+) -> None:
+    """Flow-control limits on a request after the first abort the stream with
+    INVALID_ARGUMENT (the proto's words). The gateway ignores them silently."""
+    _, name = _setup(publisher, subscriber, project)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=5
+        ),
+    )
+    try:
+        time.sleep(0.5)
+        stream.send(gapic.StreamingPullRequest(**{field: 50}))
+        wait_for(lambda: stream.error is not None, 5, "the stream to be aborted")
+        assert isinstance(stream.error, grpc.RpcError)
+        assert stream.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        stream.close()
