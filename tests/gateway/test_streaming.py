@@ -229,6 +229,11 @@ def test_exactly_once_ack_after_the_lease_moved_fails(
     assert not subscriber.pull(subscription=name, max_messages=10).received_messages
 
 
+def _publish(publisher: pubsub_v1.PublisherClient, topic: str, count: int, size: int = 8) -> None:
+    for future in [publisher.publish(topic, bytes(size)) for _ in range(count)]:
+        future.result(timeout=60)
+
+
 class _RawStream:
     """A StreamingPull opened by hand: requests are sent when put; responses collected."""
 
@@ -509,3 +514,35 @@ def test_deleting_the_subscription_ends_its_streams_with_not_found(
     subscriber.delete_subscription(subscription=name)
     with pytest.raises(exceptions.NotFound):
         future.result(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_outstanding_messages": -1},
+        {"max_outstanding_bytes": -1},
+    ],
+    ids=["messages=-1", "bytes=-1"],
+)
+def test_negative_flow_control_means_no_limit(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    limits: dict[str, int],
+) -> None:
+    """A negative max_outstanding_messages or max_outstanding_bytes is "no limit"
+    (Go's client sends a negative ReceiveSettings.MaxOutstandingMessages/Bytes as
+    is, documented as "no limit"): the stream must deliver. The gateway computes a
+    negative budget and delivers nothing, for ever."""
+    topic, name = _setup(publisher, subscriber, project)
+    _publish(publisher, topic, 20)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(subscription=name, stream_ack_deadline_seconds=60, **limits),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 20, 10, "20 messages on an unlimited stream")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(stream.messages())} delivered") from None
+    finally:
+        stream.close()

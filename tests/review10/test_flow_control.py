@@ -24,44 +24,7 @@ from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.types import FlowControl
 from google.pubsub_v1 import types as gapic
 
-from tests.gateway.test_streaming import _RawStream, _setup, wait_for
-
-
-def _publish(publisher: pubsub_v1.PublisherClient, topic: str, count: int, size: int = 8) -> None:
-    for future in [publisher.publish(topic, bytes(size)) for _ in range(count)]:
-        future.result(timeout=60)
-
-
-@pytest.mark.parametrize(
-    "limits",
-    [
-        {"max_outstanding_messages": -1},
-        {"max_outstanding_bytes": -1},
-    ],
-    ids=["messages=-1", "bytes=-1"],
-)
-def test_negative_flow_control_means_no_limit(
-    publisher: pubsub_v1.PublisherClient,
-    subscriber: pubsub_v1.SubscriberClient,
-    project: str,
-    limits: dict[str, int],
-) -> None:
-    """A negative max_outstanding_messages or max_outstanding_bytes is "no limit"
-    (Go's client sends a negative ReceiveSettings.MaxOutstandingMessages/Bytes as
-    is, documented as "no limit"): the stream must deliver. The gateway computes a
-    negative budget and delivers nothing, for ever."""
-    topic, name = _setup(publisher, subscriber, project)
-    _publish(publisher, topic, 20)
-    stream = _RawStream(
-        subscriber,
-        gapic.StreamingPullRequest(subscription=name, stream_ack_deadline_seconds=60, **limits),
-    )
-    try:
-        wait_for(lambda: len(stream.messages()) >= 20, 10, "20 messages on an unlimited stream")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: {len(stream.messages())} delivered") from None
-    finally:
-        stream.close()
+from tests.gateway.test_streaming import _publish, _RawStream, _setup, wait_for
 
 
 def test_zero_max_outstanding_messages_means_no_limit(

@@ -800,8 +800,17 @@ class PubSubService:
         puller = self.adapter.puller(
             view,
             consumer=self.adapter.new_consumer("stream"),
-            max_messages=first.max_outstanding_messages or settings.default_max_messages,
-            max_bytes=first.max_outstanding_bytes or settings.default_max_bytes,
+            # Pub/Sub: a limit <= 0 is no limit (Go's client sends negative ones).
+            max_messages=(
+                first.max_outstanding_messages
+                if first.max_outstanding_messages > 0
+                else settings.default_max_messages
+            ),
+            max_bytes=(
+                first.max_outstanding_bytes
+                if first.max_outstanding_bytes > 0
+                else settings.default_max_bytes
+            ),
             deadline=float(first.stream_ack_deadline_seconds),
             stream=True,
         )
