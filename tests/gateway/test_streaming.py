@@ -576,3 +576,36 @@ def test_max_outstanding_bytes_is_not_overshot_by_large_messages(
         )
     finally:
         stream.close()
+
+
+def test_messages_with_attributes_reach_the_official_client(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """1,000 messages of 100 bytes with eight 1,000-character attributes each (well
+    within Pub/Sub's limits of 100 attributes of 1,024 bytes) all arrive through a
+    default streaming pull of the official client."""
+    topic, name = _setup(publisher, subscriber, project)
+    attributes = {f"meta{i}": "v" * 1000 for i in range(8)}
+    futures = [publisher.publish(topic, bytes(100), **attributes) for _ in range(1000)]
+    published = {f.result(timeout=60) for f in futures}
+    received: set[str] = set()
+    lock = threading.Lock()
+
+    def callback(message: Any) -> None:
+        with lock:
+            received.add(message.message_id)
+        message.ack()
+
+    future = subscriber.subscribe(name, callback)
+    try:
+        wait_for(
+            lambda: received >= published or not future.running(),
+            25,
+            "every message with attributes",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(received)} of {len(published)} arrived") from None
+    finally:
+        future.cancel()
+        future.result(timeout=30)
+    assert received == published

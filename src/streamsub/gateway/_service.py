@@ -51,6 +51,8 @@ _PULL_BLOCK_MS = 1000
 _STREAM_BLOCK_MS = 500
 _RESPONSE_BYTES = 3 * 2**20
 """A streaming response is cut below gRPC's default 4 MiB message limit."""
+_FIELD_OVERHEAD = 8
+"""Bytes a repeated field's tag and length add to each message in a response."""
 _ACK_FAILURE = "PERMANENT_FAILURE_INVALID_ACK_ID"
 _DELETED_TOPIC = "_deleted-topic_"
 _background: set[asyncio.Task[None]] = set()
@@ -925,10 +927,8 @@ class _Stream:
                 await self._service._view(self._resource)
                 raise
             if items:
-                for chunk in _chunks(items):
-                    response = pb.StreamingPullResponse(
-                        received_messages=self._service._received(self._view, chunk)
-                    )
+                for chunk in _chunks(self._service._received(self._view, items)):
+                    response = pb.StreamingPullResponse(received_messages=chunk)
                     self._outbox.put_nowait(self._properties(response))
 
     async def _requests(self, requests: AsyncIterator[Any]) -> None:
@@ -993,11 +993,14 @@ class _Stream:
         await self._puller.close(hand_back=self._service.closing.is_set())
 
 
-def _chunks(items: Sequence[Received]) -> list[Sequence[Received]]:
-    chunks: list[Sequence[Received]] = []
+def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
+    """ReceivedMessages cut into responses of at most ``_RESPONSE_BYTES`` each
+    (counted as encoded: data, attributes, ids, ordering key and all), except
+    that one message larger than that goes alone."""
+    chunks: list[Sequence[Any]] = []
     start, size = 0, 0
     for index, item in enumerate(items):
-        weight = len(item.data) + len(item.ack_id) + 200
+        weight = item.ByteSize() + _FIELD_OVERHEAD
         if index > start and size + weight > _RESPONSE_BYTES:
             chunks.append(items[start:index])
             start, size = index, 0
