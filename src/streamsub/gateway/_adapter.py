@@ -180,6 +180,10 @@ class Adapter:
         self._ownership_lease = ownership_lease
         self._housekeeping: asyncio.Task[None] | None = None
 
+    def _mine(self, consumer: str) -> bool:
+        """Whether ``consumer`` is one of this process's (its lease table's)."""
+        return consumer.startswith(f"{self._prefix}-")
+
     def new_consumer(self, kind: str) -> str:
         """A consumer name unique to this process (stable parts first, for humans)."""
         return f"{self._prefix}-{kind}{next(self._numbers)}"
@@ -339,6 +343,11 @@ class Adapter:
             delivery = None if table is None else table.get((partition, entry_id))
             delivered_ms = now_ms if delivery is None else delivery.delivered_ms
             delay_ms = int(backoff(view.retry_policy, attempt) * 1000) if backoff_delay else 0
+            if not self._mine(consumer):
+                # Another process's delivery: its lease table would take back a
+                # backoff shorter than the ack deadline (an idle time its next
+                # "extend" resets), so park the entry instead (see below).
+                delay_ms = max(delay_ms, 1)
             key = (consumer, partition, entry_id)
             if key not in named:
                 items.setdefault(consumer, collections.defaultdict(list))[partition].append(
@@ -355,8 +364,16 @@ class Adapter:
                     puller.sweep_by(due)
         for consumer, by_partition in items.items():
             # Owner- and attempt-checked: a stale ack id never moves a newer delivery.
+            # A delay longer than the min-idle given parks the entry under another
+            # consumer until it is due: another process's deliveries are all
+            # parked (min-idle 0), so that its lease steps fail, it drops them,
+            # and the backoff holds.
             owned = await self._backend.nack(
-                view.topic, view.name, consumer, by_partition, deadline_ms
+                view.topic,
+                view.name,
+                consumer,
+                by_partition,
+                deadline_ms if self._mine(consumer) else 0,
             )
             done = {(p, i) for p, ids in owned.items() for i in ids}
             if done:
