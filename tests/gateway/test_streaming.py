@@ -609,3 +609,39 @@ def test_messages_with_attributes_reach_the_official_client(
         future.cancel()
         future.result(timeout=30)
     assert received == published
+
+
+def test_zero_max_outstanding_messages_means_no_limit(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """The official Python client with legacy flow control sends
+    max_outstanding_messages=0 ("no limit" on the server) and limits itself to its
+    FlowControl(max_messages=1500): a callback that keeps 1,500 messages before
+    acking them all (a batching consumer) gets them. The gateway silently caps a 0
+    at 1,000 outstanding (StreamSettings.default_max_messages, in no README line),
+    so such a consumer waits for ever."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 1500)
+    held: list[Any] = []
+    lock = threading.Lock()
+
+    def keep(message: Any) -> None:
+        with lock:
+            held.append(message)
+
+    future = subscriber.subscribe(
+        name,
+        keep,
+        flow_control=FlowControl(max_messages=1500),
+        use_legacy_flow_control=True,
+    )
+    try:
+        wait_for(lambda: len(held) >= 1500, 25, "1,500 messages held before any ack")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(held)} held") from None
+    finally:
+        with lock:
+            for message in held:
+                message.ack()
+        future.cancel()
+        future.result(timeout=30)

@@ -49,6 +49,13 @@ _TOPIC_RETENTION_RANGE = (600, 31 * 86400)
 _PULL_BLOCK_MS = 1000
 """How long a unary Pull waits for messages before answering with none."""
 _STREAM_BLOCK_MS = 500
+_STREAM_READ = 1000
+"""Messages one read of a stream takes at most (whatever its flow control allows)."""
+_OUTBOX_LIMIT = 4
+"""Responses a stream queues for its client before it reads more: a stream
+without flow-control limits still reads no faster than its client receives."""
+_NO_LIMIT = 2**62
+"""A flow-control limit of <= 0 (Pub/Sub: "no limit")."""
 _RESPONSE_BYTES = 3 * 2**20
 """A streaming response is cut below gRPC's default 4 MiB message limit."""
 _FIELD_OVERHEAD = 8
@@ -67,13 +74,10 @@ class StreamSettings:
 
     ``lifetime`` (default 1800 s, as Pub/Sub) ends a stream with UNAVAILABLE,
     which clients answer by opening another; nothing it delivered is lost, the
-    leases run on. ``default_max_messages`` bounds a stream whose client names
-    no limit.
+    leases run on.
     """
 
     lifetime: float = 1800.0
-    default_max_messages: int = 1000
-    default_max_bytes: int = 100 * 2**20
 
 
 def _duration(seconds: float) -> Any:
@@ -798,21 +802,12 @@ class PubSubService:
         view = await self._view(first.subscription)
         self.trimmer.watch_subscription(view.name)
         await self.adapter.delete_idle_consumers(view)
-        settings = self.stream_settings
         puller = self.adapter.puller(
             view,
             consumer=self.adapter.new_consumer("stream"),
             # Pub/Sub: a limit <= 0 is no limit (Go's client sends negative ones).
-            max_messages=(
-                first.max_outstanding_messages
-                if first.max_outstanding_messages > 0
-                else settings.default_max_messages
-            ),
-            max_bytes=(
-                first.max_outstanding_bytes
-                if first.max_outstanding_bytes > 0
-                else settings.default_max_bytes
-            ),
+            max_messages=_limit(first.max_outstanding_messages),
+            max_bytes=_limit(first.max_outstanding_bytes),
             deadline=float(first.stream_ack_deadline_seconds),
             stream=True,
         )
@@ -846,6 +841,7 @@ class _Stream:
         self._view = view
         self._puller = puller
         self._outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._drained = asyncio.Event()
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -875,6 +871,8 @@ class _Stream:
         self._request_task.add_done_callback(_background.discard)
         while True:
             response = await self._outbox.get()
+            if self._outbox.qsize() <= _OUTBOX_LIMIT:
+                self._drained.set()
             if response is _END:
                 break
             yield response
@@ -919,7 +917,11 @@ class _Stream:
                     await puller.room.wait()
                 continue
             try:
-                items = await puller.pull(_STREAM_BLOCK_MS)
+                if self._outbox.qsize() > _OUTBOX_LIMIT:
+                    self._drained.clear()
+                    await self._drained.wait()
+                    continue
+                items = await puller.pull(_STREAM_BLOCK_MS, limit=_STREAM_READ)
             except StreamsubError:
                 # A subscription deleted under the stream fails its reads: say
                 # NOT_FOUND, which clients take as final, not a retryable error.
@@ -991,6 +993,11 @@ class _Stream:
         # Leases run on when the client went away or the lifetime ended (it may
         # ack on its next stream); a stopping gateway gives them back.
         await self._puller.close(hand_back=self._service.closing.is_set())
+
+
+def _limit(value: int) -> int:
+    """A StreamingPull flow-control limit: <= 0 is none."""
+    return value if value > 0 else _NO_LIMIT
 
 
 def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
