@@ -645,3 +645,34 @@ def test_zero_max_outstanding_messages_means_no_limit(
                 message.ack()
         future.cancel()
         future.result(timeout=30)
+
+
+def test_a_reconnecting_client_id_keeps_its_outstanding_messages(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """A stream that reconnects with the same client_id carries the old stream's
+    state: its 10 unacked messages still count against max_outstanding_messages=10,
+    so the new stream gets nothing until they are acked. The gateway ignores
+    client_id (it only logs it) and gives the new stream a fresh budget: 20
+    messages out against a limit of 10 (what a 30-minute stream end does to every
+    client)."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 50)
+    first = gapic.StreamingPullRequest(
+        subscription=name,
+        stream_ack_deadline_seconds=600,
+        max_outstanding_messages=10,
+        client_id="reconnecting-client",
+    )
+    old = _RawStream(subscriber, first)
+    wait_for(lambda: len(old.messages()) >= 10, 20, "the first stream's 10 messages")
+    old.close()
+    new = _RawStream(subscriber, first)
+    try:
+        time.sleep(1.5)
+        assert not new.messages(), (
+            f"the reconnected stream got {len(new.messages())} more messages while the "
+            "same client still holds 10 unacked ones"
+        )
+    finally:
+        new.close()

@@ -179,6 +179,8 @@ class Adapter:
         self._idle_since: dict[str, float] = {}
         self._ownership_lease = ownership_lease
         self._housekeeping: asyncio.Task[None] | None = None
+        self._carried: dict[tuple[str, str], list[_Delivery]] = {}
+        """(subscription, client id) -> what a closed stream of that client held."""
 
     def _mine(self, consumer: str) -> bool:
         """Whether ``consumer`` is one of this process's (its lease table's)."""
@@ -399,9 +401,12 @@ class Adapter:
         max_bytes: int,
         deadline: float,
         stream: bool = False,
+        client_id: str = "",
     ) -> Puller:
         """A reader of ``view`` for one stream (``stream``) or for unary pulls, as
-        ``consumer``."""
+        ``consumer``. A stream of ``client_id`` starts with what that client's
+        earlier streams still hold outstanding (Pub/Sub carries a reconnecting
+        client's state over), so they count against its flow control."""
         puller = Puller(
             self,
             view,
@@ -410,8 +415,14 @@ class Adapter:
             max_bytes=max_bytes,
             deadline=deadline,
             stream=stream,
+            client_id=client_id,
         )
         self._pullers.add(puller)
+        if client_id:
+            carried = self._carried.pop((view.name, client_id), [])
+            table = self._tables.get(view.name)
+            if table is not None:
+                puller.adopt(d for d in carried if table.get((d.partition, d.entry_id)) is d)
         if view.ordering:
             if stream:
                 self._members.setdefault(view.name, []).append(puller)
@@ -436,6 +447,24 @@ class Adapter:
                 loop = asyncio.get_running_loop()
                 self._housekeeping = loop.create_task(self._keep_memberships())
         return puller
+
+    def carry(self, puller: Puller, outstanding: list[_Delivery]) -> None:
+        """Keep what a closing stream of a client held for that client's next
+        stream; drop what was carried and settled or lapsed since."""
+        for key, deliveries in list(self._carried.items()):
+            table = self._tables.get(key[0])
+            live = [
+                d
+                for d in deliveries
+                if table is not None and table.get((d.partition, d.entry_id)) is d
+            ]
+            if live:
+                self._carried[key] = live
+            else:
+                del self._carried[key]
+        if outstanding:
+            key = (puller.view.name, puller.client_id)
+            self._carried.setdefault(key, []).extend(outstanding)
 
     def _holds(self, name: str, partition: int) -> bool:
         """Whether this process has deliveries of ``partition`` out, or a read of it
@@ -706,8 +735,10 @@ class Puller:
         max_bytes: int,
         deadline: float,
         stream: bool,
+        client_id: str = "",
     ) -> None:
         self._adapter = adapter
+        self.client_id = client_id
         self.view = view
         self.stream = stream
         self.last_pull = adapter._clock()
@@ -742,6 +773,14 @@ class Puller:
         """Sweep every partition from the start, no later than ``moment``."""
         self._cursors = {}
         self._next_sweep = min(self._next_sweep, moment)
+
+    def adopt(self, deliveries: Iterable[_Delivery]) -> None:
+        """Count deliveries of a closed stream of the same client as this one's."""
+        for delivery in deliveries:
+            if delivery.owner is None:
+                delivery.owner = self
+                self._outstanding[(delivery.partition, delivery.entry_id)] = delivery
+                self._bytes += delivery.size
 
     def released(self, delivery: _Delivery) -> None:
         key = (delivery.partition, delivery.entry_id)
@@ -1064,6 +1103,8 @@ class Puller:
             delivery.owner = None
         self._outstanding.clear()
         self._bytes = 0
+        if not hand_back and self.client_id:
+            self._adapter.carry(self, outstanding)
         if hand_back and outstanding:
             ack_ids = [
                 format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer) for d in outstanding

@@ -810,6 +810,7 @@ class PubSubService:
             max_bytes=_limit(first.max_outstanding_bytes),
             deadline=float(first.stream_ack_deadline_seconds),
             stream=True,
+            client_id=first.client_id,
         )
         stream = _Stream(self, first.subscription, view, puller)
         self.streams += 1
