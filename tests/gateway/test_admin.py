@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from google.api_core import exceptions
@@ -11,6 +12,8 @@ from google.protobuf import duration_pb2, field_mask_pb2
 
 import streamsub
 from streamsub.testing import RedisServer
+
+from .test_streaming import _setup
 
 
 def _native_subscription(server: RedisServer, name: str) -> streamsub.Subscription:
@@ -170,3 +173,41 @@ def test_subscription_listing_and_deletion(
     with pytest.raises(exceptions.NotFound):
         subscriber.delete_subscription(subscription=names[0])
     assert list(publisher.list_topic_subscriptions(topic=topic)) == names[1:]
+
+
+def test_lowering_the_ack_deadline_keeps_the_leases_already_granted(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """20 messages pulled from an exactly-once subscription and given 300 s more by
+    ModifyAckDeadline stay leased when the subscription's ack deadline is lowered
+    from 600 s to 60 s: nothing is delivered again, and their acks succeed. The
+    gateway redelivers all 20 within seconds (an ack of a first delivery then
+    fails: the delivery moved)."""
+    topic, name = _setup(
+        publisher,
+        subscriber,
+        project,
+        ack_deadline_seconds=600,
+        enable_exactly_once_delivery=True,
+    )
+    for future in [publisher.publish(topic, b"m%d" % i) for i in range(20)]:
+        future.result(timeout=30)
+    held = []
+    while len(held) < 20:
+        response = subscriber.pull(subscription=name, max_messages=20)
+        assert response.received_messages, f"only {len(held)} of 20 pulled"
+        held += response.received_messages
+    ack_ids = [m.ack_id for m in held]
+    subscriber.modify_ack_deadline(subscription=name, ack_ids=ack_ids, ack_deadline_seconds=300)
+    subscriber.update_subscription(
+        request={
+            "subscription": {"name": name, "ack_deadline_seconds": 60},
+            "update_mask": field_mask_pb2.FieldMask(paths=["ack_deadline_seconds"]),
+        }
+    )
+    again = []
+    deadline = time.monotonic() + 8  # settings are cached 1 s; sweeps run every 5 s at most
+    while time.monotonic() < deadline:
+        again += subscriber.pull(subscription=name, max_messages=20).received_messages
+    assert not again, f"{len(again)} messages with some 290 s of lease left were delivered again"
+    subscriber.acknowledge(subscription=name, ack_ids=ack_ids)

@@ -250,6 +250,13 @@ class Adapter:
             if puller.view.name == name:
                 puller.restart_sweep(now)
 
+    async def rebase(self, name: str) -> None:
+        """Re-encode the leases held here of subscription ``name`` against its
+        ack deadline now (after an update changed it)."""
+        table = self._tables.get(name)
+        if table is not None:
+            await table.refresh()
+
     def _table(self, view: SubscriptionView) -> _LeaseTable:
         table = self._tables.get(view.name)
         if table is None:
@@ -675,11 +682,49 @@ class _LeaseTable:
                 await self._task
             self._task = None
 
+    async def refresh(self) -> None:
+        """Take up the subscription's ack deadline now. Leases are idle times
+        relative to it (see the module's docstring), so after a change every
+        lease held here is set again against the new one: a lowered deadline
+        would otherwise end leases already granted."""
+        try:
+            view = await self._adapter.view(self.view.name)
+        except (SubscriptionNotFoundError, TopicNotFoundError):
+            return  # deleted: the leases settle nothing any more
+        old, self.view = self.view.ack_deadline, view
+        if view.ack_deadline == old or not self._deliveries:
+            return
+        now = self._adapter._clock()
+        deadline = view.ack_deadline
+        deadline_ms = int(deadline * 1000)
+        updates: dict[int, list[tuple[str, str, int, int, LeaseMode]]] = collections.defaultdict(
+            list
+        )
+        sent = list(self._deliveries.values())
+        for d in sent:
+            remaining = max(0.0, d.lease_end - now)
+            d.final = remaining <= deadline
+            d.set_at = now
+            idle_ms = deadline_ms - int(remaining * 1000) if d.final else 0
+            updates[d.partition].append((d.entry_id, d.consumer, d.attempt, idle_ms, "set"))
+        leased = await self._adapter._backend.lease_deliveries(
+            self.view.topic, self.view.name, updates, deadline_ms
+        )
+        done = {(p, i) for p, ids in leased.items() for i in ids}
+        for d in sent:
+            key = (d.partition, d.entry_id)
+            if key not in done and self._deliveries.get(key) is d:
+                self.drop(key)
+
     async def _run(self) -> None:
         while True:
             deadline = self.view.ack_deadline
             await asyncio.sleep(min(max(deadline / 4, _LEASE_TICK[0]), _LEASE_TICK[1]))
             try:
+                # An update made through another gateway shows here within
+                # the view cache's second.
+                await self.refresh()
+                deadline = self.view.ack_deadline
                 await self._tick(deadline)
             except StreamsubError as exc:
                 log.warning(

@@ -517,6 +517,10 @@ class PubSubService:
             if not await self.backend.update_subscription(updated):
                 raise not_found(wanted.name)
         self.adapter.forget(native)
+        try:
+            await self.adapter.rebase(native)
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
         return await self._subscription_message(await self._subscription(wanted.name))
 
     async def ListSubscriptions(self, request: Any) -> Any:
