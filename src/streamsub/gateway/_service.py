@@ -597,6 +597,13 @@ class PubSubService:
         else:
             raise RpcError(Code.INVALID_ARGUMENT, "A seek needs a target: a time or a snapshot.")
         try:
+            if isinstance(to, datetime.datetime) and to.timestamp() > (
+                await self.backend.server_time()
+            ):
+                # Pub/Sub's seek acts on the messages the subscription holds now:
+                # a time ahead acknowledges them all, and later ones still come.
+                # (streamsub's own seek would move each partition to that time.)
+                to = "latest"
             await self.client.seek(native, to=to)
         except SubscriptionNotFoundError:
             raise not_found(request.subscription) from None
