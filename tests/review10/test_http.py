@@ -11,7 +11,6 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.types import pubsub
 
 from tests.gateway.conftest import GatewayThread
-from tests.gateway.test_streaming import wait_for
 
 _FRAME = struct.Struct(">BI")
 
@@ -53,63 +52,3 @@ def test_grpc_web_frame_longer_than_the_body_is_refused(
     )
     assert b"grpc-status:0\r\n" not in response.content
     assert response.headers.get("grpc-status") not in (None, "0")
-
-
-def _exactly_once_stale_ack_id(http: httpx.Client, project: str) -> tuple[str, str]:
-    """An exactly-once subscription and the ack id of a delivery given back and
-    delivered again (so that ack id is stale); returns (subscription, ack id)."""
-    topic = f"projects/{project}/topics/orders"
-    sub = f"projects/{project}/subscriptions/billing"
-    assert http.put(f"/v1/{topic}", json={}).status_code == 200
-    created = http.put(f"/v1/{sub}", json={"topic": topic, "enableExactlyOnceDelivery": True})
-    assert created.status_code == 200, created.text
-    http.post(f"/v1/{topic}:publish", json={"messages": [{"data": "YQ=="}]})
-    first = http.post(f"/v1/{sub}:pull", json={"maxMessages": 1}).json()["receivedMessages"][0]
-    http.post(f"/v1/{sub}:modifyAckDeadline", json={"ackIds": [first["ackId"]]})  # a nack
-    again: list[dict[str, str]] = []
-
-    def redelivered() -> bool:
-        again.extend(
-            http.post(f"/v1/{sub}:pull", json={"maxMessages": 1}).json().get("receivedMessages", [])
-        )
-        return bool(again)
-
-    wait_for(redelivered, 20, "the redelivery")
-    assert again[0]["ackId"] != first["ackId"]
-    return sub, first["ackId"]
-
-
-def test_rest_exactly_once_ack_failure_names_the_ack_ids(http: httpx.Client, project: str) -> None:
-    """README: under exactly-once, invalid acks "fail as Pub/Sub fails them
-    (INVALID_ARGUMENT with an ErrorInfo mapping each ack id to
-    PERMANENT_FAILURE_INVALID_ACK_ID)". Google's REST error body carries that
-    ErrorInfo in error.details; the gateway's REST body has code, message and
-    status only, so a REST client cannot tell which ack ids failed."""
-    sub, stale = _exactly_once_stale_ack_id(http, project)
-    failed = http.post(f"/v1/{sub}:acknowledge", json={"ackIds": [stale]})
-    assert failed.status_code == 400
-    details = failed.json()["error"].get("details", [])
-    infos = [d for d in details if d.get("@type") == "type.googleapis.com/google.rpc.ErrorInfo"]
-    assert infos, failed.text
-    assert infos[0]["metadata"] == {stale: "PERMANENT_FAILURE_INVALID_ACK_ID"}
-
-
-def test_grpc_web_exactly_once_ack_failure_carries_status_details(
-    http: httpx.Client, project: str
-) -> None:
-    """The same failure over gRPC-Web: the gRPC face sends the google.rpc.Status
-    with its ErrorInfo as grpc-status-details-bin (which nginx's CORS config even
-    exposes to browsers); the gRPC-Web face sends grpc-status and grpc-message
-    only."""
-    sub, stale = _exactly_once_stale_ack_id(http, project)
-    request = pubsub.AcknowledgeRequest.pb()(subscription=sub, ack_ids=[stale])
-    payload = request.SerializeToString()
-    response = http.post(
-        "/google.pubsub.v1.Subscriber/Acknowledge",
-        content=_FRAME.pack(0, len(payload)) + payload,
-        headers={"content-type": "application/grpc-web+proto", "x-grpc-web": "1"},
-    )
-    assert response.headers.get("grpc-status") == "3"
-    assert b"grpc-status-details-bin" in response.content or response.headers.get(
-        "grpc-status-details-bin"
-    )
