@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from google.cloud import pubsub_v1
 from google.pubsub_v1.types import pubsub
 
 from .conftest import GatewayThread
@@ -388,3 +389,18 @@ def _exactly_once_stale_ack_id(http: httpx.Client, project: str) -> tuple[str, s
     wait_for(redelivered, 20, "the redelivery")
     assert again[0]["ackId"] != first["ackId"]
     return sub, first["ackId"]
+
+
+def test_rest_names_with_a_percent_sign_reach_that_resource(
+    http: httpx.Client, publisher: pubsub_v1.PublisherClient, project: str
+) -> None:
+    """'%' is legal in a Pub/Sub id (README: "ids follow Pub/Sub's rules"); a REST
+    client percent-encodes it as %25. uvicorn hands the app a path already
+    decoded, and the gateway unquotes it a second time, so GET
+    /v1/projects/P/topics/rate%2541x looks up topic 'rateAx' (404) instead of
+    'rate%41x'."""
+    topic = f"projects/{project}/topics/rate%41x"
+    publisher.create_topic(name=topic)
+    got = http.get(f"/v1/projects/{project}/topics/rate%2541x")
+    assert got.status_code == 200, got.text
+    assert got.json()["name"] == topic

@@ -244,7 +244,7 @@ class HttpApp:
     async def _rest_request(
         self, scope: Scope, receive: Receive
     ) -> tuple[Callable[[Any], Awaitable[Any]], Any]:
-        path = urllib.parse.unquote(scope["path"])
+        path = scope["path"]  # ASGI servers hand it over percent-decoded already
         allowed = False
         for verb, pattern, rpc, request_class, field in _ROUTES:
             match = pattern.fullmatch(path)
