@@ -211,3 +211,28 @@ def test_lowering_the_ack_deadline_keeps_the_leases_already_granted(
         again += subscriber.pull(subscription=name, max_messages=20).received_messages
     assert not again, f"{len(again)} messages with some 290 s of lease left were delivered again"
     subscriber.acknowledge(subscription=name, ack_ids=ack_ids)
+
+
+def test_a_zero_minimum_backoff_reads_back_as_zero(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """RetryPolicy.minimum_backoff may be 0 ("between 0 and 600 seconds"); what
+    CreateSubscription stored, GetSubscription returns. The gateway stores and
+    returns 1 ms (streamsub's backoffs must be > 0), so a config round trip
+    (Terraform, a deployment diff) sees a change nobody made."""
+    topic = f"projects/{project}/topics/orders"
+    name = f"projects/{project}/subscriptions/billing"
+    publisher.create_topic(name=topic)
+    subscriber.create_subscription(
+        request={
+            "name": name,
+            "topic": topic,
+            "retry_policy": {
+                "minimum_backoff": duration_pb2.Duration(seconds=0),
+                "maximum_backoff": duration_pb2.Duration(seconds=60),
+            },
+        }
+    )
+    policy = subscriber.get_subscription(subscription=name).retry_policy
+    assert policy.minimum_backoff.total_seconds() == 0
+    assert policy.maximum_backoff.total_seconds() == 60

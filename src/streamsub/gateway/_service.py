@@ -46,6 +46,8 @@ _MODACK_RANGE = (0, 600)
 _DEAD_LETTER_ATTEMPTS_RANGE = (5, 100)
 _TOPIC_RETENTION_RANGE = (600, 31 * 86400)
 """Pub/Sub's bounds of a topic's message_retention_duration (10 minutes to 31 days)."""
+_SHORTEST_BACKOFF = 0.001
+"""A retry backoff of 0 (Pub/Sub: "as soon as possible") is stored as this."""
 _PULL_BLOCK_MS = 1000
 """How long a unary Pull waits for messages before answering with none."""
 _STREAM_BLOCK_MS = 500
@@ -85,6 +87,12 @@ def _duration(seconds: float) -> Any:
 
     whole = int(seconds)
     return duration_pb2.Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
+
+
+def _backoff_out(seconds: float) -> float:
+    """A stored backoff as Pub/Sub reads it: the shortest streamsub backoff
+    stands for the 0 it was set as."""
+    return 0.0 if seconds <= _SHORTEST_BACKOFF else seconds
 
 
 def _seconds(duration: Any) -> float:
@@ -195,10 +203,10 @@ class PubSubService:
             message.dead_letter_policy.max_delivery_attempts = sub.max_delivery_attempts
         if sub.retry_policy is not None:
             message.retry_policy.minimum_backoff.CopyFrom(
-                _duration(sub.retry_policy.minimum_backoff)
+                _duration(_backoff_out(sub.retry_policy.minimum_backoff))
             )
             message.retry_policy.maximum_backoff.CopyFrom(
-                _duration(sub.retry_policy.maximum_backoff)
+                _duration(_backoff_out(sub.retry_policy.maximum_backoff))
             )
         return message
 
@@ -235,7 +243,10 @@ class PubSubService:
                 "Invalid retry_policy: maximum_backoff must not be less than minimum_backoff.",
             )
         # streamsub's backoffs are > 0; Pub/Sub's 0 means "as soon as possible".
-        return RetryPolicy(minimum_backoff=max(minimum, 0.001), maximum_backoff=max(maximum, 0.001))
+        return RetryPolicy(
+            minimum_backoff=max(minimum, _SHORTEST_BACKOFF),
+            maximum_backoff=max(maximum, _SHORTEST_BACKOFF),
+        )
 
     @staticmethod
     def _unsupported(message: Any) -> None:
