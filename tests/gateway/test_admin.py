@@ -236,3 +236,20 @@ def test_a_zero_minimum_backoff_reads_back_as_zero(
     policy = subscriber.get_subscription(subscription=name).retry_policy
     assert policy.minimum_backoff.total_seconds() == 0
     assert policy.maximum_backoff.total_seconds() == 60
+
+
+def test_update_to_an_empty_expiration_policy_is_accepted(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """An empty expiration_policy means "never expire", which the README says the
+    gateway accepts; Go's client sends exactly this update for
+    SubscriptionConfigToUpdate{ExpirationPolicy: time.Duration(0)}. The gateway's
+    UpdateSubscription refuses the path with INVALID_ARGUMENT."""
+    _, name = _setup(publisher, subscriber, project)
+    updated = subscriber.update_subscription(
+        request={
+            "subscription": {"name": name, "expiration_policy": {}},
+            "update_mask": field_mask_pb2.FieldMask(paths=["expiration_policy"]),
+        }
+    )
+    assert not updated.expiration_policy.ttl

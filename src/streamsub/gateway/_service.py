@@ -490,6 +490,7 @@ class PubSubService:
             "labels",
             "enable_exactly_once_delivery",
             "message_retention_duration",
+            "expiration_policy",  # to "never" only, what streamsub does (below)
         }
         if paths - supported:
             raise RpcError(
@@ -497,6 +498,12 @@ class PubSubService:
                 "Invalid update_mask provided in the UpdateSubscriptionRequest: the streamsub "
                 f"gateway updates {', '.join(sorted(supported))}, not "
                 f"{', '.join(sorted(paths - supported))}.",
+            )
+        if "expiration_policy" in paths and wanted.expiration_policy.HasField("ttl"):
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                "expiration_policy.ttl is not supported by the streamsub gateway: a "
+                "subscription never expires (an empty expiration_policy says so).",
             )
         record = await self.backend.get_subscription(native)
         if record is None:
