@@ -676,3 +676,29 @@ def test_a_reconnecting_client_id_keeps_its_outstanding_messages(
         )
     finally:
         new.close()
+
+
+@pytest.mark.parametrize("field", ["max_outstanding_messages", "max_outstanding_bytes"])
+def test_flow_control_on_a_later_request_aborts_the_stream(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    field: str,
+) -> None:
+    """Flow-control limits on a request after the first abort the stream with
+    INVALID_ARGUMENT (the proto's words). The gateway ignores them silently."""
+    _, name = _setup(publisher, subscriber, project)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=5
+        ),
+    )
+    try:
+        time.sleep(0.5)
+        stream.send(gapic.StreamingPullRequest(**{field: 50}))
+        wait_for(lambda: stream.error is not None, 5, "the stream to be aborted")
+        # The generated client raises the status as google.api_core's exception.
+        assert isinstance(stream.error, exceptions.InvalidArgument), stream.error
+    finally:
+        stream.close()

@@ -967,6 +967,12 @@ class _Stream:
         service = self._service
         async for request in requests:
             answered = False
+            if request.max_outstanding_messages or request.max_outstanding_bytes:
+                raise RpcError(
+                    Code.INVALID_ARGUMENT,
+                    "max_outstanding_messages and max_outstanding_bytes can only be set on "
+                    "the first request of a stream.",
+                )
             if request.stream_ack_deadline_seconds:
                 self._puller.deadline = float(
                     min(max(request.stream_ack_deadline_seconds, 10), 600)
