@@ -253,3 +253,19 @@ def test_update_to_an_empty_expiration_policy_is_accepted(
         }
     )
     assert not updated.expiration_policy.ttl
+
+
+def test_a_page_token_the_service_never_issued_is_invalid(
+    publisher: pubsub_v1.PublisherClient, project: str
+) -> None:
+    """Google's paging contract (AIP-158): a page_token the service did not issue is
+    INVALID_ARGUMENT. The gateway's token is a bare streamsub name compared with
+    '>', so any string is taken and silently filters the listing."""
+    for topic in ("alpha", "bravo", "charlie"):
+        publisher.create_topic(name=f"projects/{project}/topics/{topic}")
+    with pytest.raises(exceptions.InvalidArgument):
+        list(
+            publisher.list_topics(
+                request={"project": f"projects/{project}", "page_token": "not-a-token"}
+            )
+        )

@@ -9,6 +9,7 @@ acks and leases through the adapter (:mod:`._adapter`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import datetime
@@ -379,7 +380,9 @@ class PubSubService:
         names = sorted(
             t.name for t in await self.backend.list_topics() if t.name.startswith(prefix)
         )
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListTopics {request.project}"
+        )
         topics = [await self._topic_message(n) for n in page]
         return pb.ListTopicsResponse(topics=topics, next_page_token=token)
 
@@ -387,7 +390,9 @@ class PubSubService:
         native = self._native(request.topic, "topics")
         await self._topic_exists(request.topic, native)
         names = sorted(s.name for s in await self.backend.list_subscriptions(native))
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListTopicSubscriptions {request.topic}"
+        )
         return pb.ListTopicSubscriptionsResponse(
             subscriptions=[from_native(n, "subscriptions") or n for n in page],
             next_page_token=token,
@@ -546,7 +551,9 @@ class PubSubService:
         names = sorted(
             s.name for s in await self.backend.list_subscriptions() if s.name.startswith(prefix)
         )
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListSubscriptions {request.project}"
+        )
         subs = []
         for name in page:
             with contextlib.suppress(NotFoundError):
@@ -578,13 +585,23 @@ class PubSubService:
             raise from_streamsub(exc) from None
 
     @staticmethod
-    def _page(names: list[str], size: int, token: str) -> tuple[list[str], str]:
-        """Pages by name: the token is the last name of the previous page."""
+    def _page(names: list[str], size: int, token: str, listing: str) -> tuple[list[str], str]:
+        """Pages by name: the token names the listing (the call and what it
+        lists) and the last name of the previous page, so that a token this
+        listing did not issue is INVALID_ARGUMENT (AIP-158), whichever gateway
+        process issued it."""
         if token:
-            names = [n for n in names if n > token]
+            try:
+                issued, _, last = base64.urlsafe_b64decode(token).decode().partition("\n")
+            except (ValueError, UnicodeDecodeError):
+                issued, last = "", ""
+            if issued != listing or not last:
+                raise RpcError(Code.INVALID_ARGUMENT, f"Invalid page_token: {token!r}.")
+            names = [n for n in names if n > last]
         if size <= 0 or len(names) <= size:
             return names, ""
-        return names[:size], names[size - 1]
+        issued_token = f"{listing}\n{names[size - 1]}".encode()
+        return names[:size], base64.urlsafe_b64encode(issued_token).decode()
 
     # --- Subscriber: seek and snapshots ----------------------------------------
     def _snapshot_message(self, snapshot: Snapshot) -> Any:
@@ -672,7 +689,9 @@ class PubSubService:
         prefix = self._project(request.project)
         snapshots = {s.name: s for s in await self.client.list_snapshots()}
         names = sorted(n for n in snapshots if n.startswith(prefix))
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListSnapshots {request.project}"
+        )
         return pb.ListSnapshotsResponse(
             snapshots=[self._snapshot_message(snapshots[n]) for n in page], next_page_token=token
         )
@@ -681,7 +700,9 @@ class PubSubService:
         native = self._native(request.topic, "topics")
         await self._topic_exists(request.topic, native)
         names = sorted(s.name for s in await self.client.list_snapshots() if s.topic == native)
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListTopicSnapshots {request.topic}"
+        )
         return pb.ListTopicSnapshotsResponse(
             snapshots=[from_native(n, "snapshots") or n for n in page], next_page_token=token
         )
