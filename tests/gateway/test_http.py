@@ -404,3 +404,20 @@ def test_rest_names_with_a_percent_sign_reach_that_resource(
     got = http.get(f"/v1/projects/{project}/topics/rate%2541x")
     assert got.status_code == 200, got.text
     assert got.json()["name"] == topic
+
+
+def test_grpc_web_frame_longer_than_the_body_is_refused(
+    http: httpx.Client, publisher: pubsub_v1.PublisherClient, project: str
+) -> None:
+    """A gRPC-Web frame whose length prefix says 100 bytes more than the body holds
+    is a broken request and must fail (non-zero grpc-status). The gateway slices
+    what there is, parses it, and runs the call: OK, and the topic exists."""
+    name = f"projects/{project}/topics/framed"
+    payload = pubsub.Topic.pb()(name=name).SerializeToString()
+    response = http.post(
+        "/google.pubsub.v1.Publisher/CreateTopic",
+        content=_FRAME.pack(0, len(payload) + 100) + payload,
+        headers={"content-type": "application/grpc-web+proto", "x-grpc-web": "1"},
+    )
+    assert b"grpc-status:0\r\n" not in response.content
+    assert response.headers.get("grpc-status") not in (None, "0")

@@ -411,6 +411,11 @@ def _read_frames(body: bytes) -> list[bytes]:
             raise RpcError(Code.INVALID_ARGUMENT, "A gRPC-Web frame is cut short.")
         flag, length = _FRAME.unpack_from(body, pos)
         pos += _FRAME.size
+        if length > len(body) - pos:
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                f"A gRPC-Web frame says {length} bytes; the body holds {len(body) - pos}.",
+            )
         if flag & _TRAILER_FLAG == 0:
             messages.append(body[pos : pos + length])
         pos += length
