@@ -286,3 +286,14 @@ def test_a_seek_to_a_future_time_does_not_swallow_later_messages(
 
     wait_for(pull, 10, "the message published after the seek")
     assert all(m.message.message_id == later for m in pulled)
+
+
+def test_create_snapshot_without_a_name_gets_one(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Over gRPC a CreateSnapshot with no name is given a random one in the
+    subscription's project. The gateway refuses it as an invalid resource name."""
+    _, name = _setup(publisher, subscriber, project)
+    snapshot = subscriber.create_snapshot(request={"name": "", "subscription": name})
+    assert snapshot.name.startswith(f"projects/{project}/snapshots/")
+    assert subscriber.get_snapshot(snapshot=snapshot.name).name == snapshot.name

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
@@ -655,8 +656,13 @@ class PubSubService:
         return pb.SeekResponse()
 
     async def CreateSnapshot(self, request: Any) -> Any:
-        native = self._native(request.name, "snapshots")
         subscription = self._native(request.subscription, "subscriptions")
+        name = request.name
+        if not name:
+            # Pub/Sub assigns a random name in the subscription's project.
+            project = request.subscription.split("/")[1]
+            name = f"projects/{project}/snapshots/snapshot-{uuid.uuid4().hex}"
+        native = self._native(name, "snapshots")
         self._no_labels(request.labels)
         try:
             snapshot = await self.client.create_snapshot(native, subscription)
@@ -668,7 +674,7 @@ class PubSubService:
                 f"The subscription's topic was deleted (subscription={request.subscription}).",
             ) from None
         except AlreadyExistsError:
-            raise already_exists(request.name) from None
+            raise already_exists(name) from None
         except StreamsubError as exc:
             raise from_streamsub(exc) from None
         return self._snapshot_message(snapshot)
