@@ -14,7 +14,7 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as sub_exceptions
 from google.cloud.pubsub_v1.types import FlowControl, PublisherOptions
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, field_mask_pb2
 from google.pubsub_v1 import types as gapic
 
 from .conftest import GatewayThread
@@ -700,5 +700,37 @@ def test_flow_control_on_a_later_request_aborts_the_stream(
         wait_for(lambda: stream.error is not None, 5, "the stream to be aborted")
         # The generated client raises the status as google.api_core's exception.
         assert isinstance(stream.error, exceptions.InvalidArgument), stream.error
+    finally:
+        stream.close()
+
+
+def test_a_stream_takes_up_a_lowered_ack_deadline(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Streams read with the subscription's ack deadline as it is now: after it
+    is lowered from 600 s to 10 s, 20 messages a stream (stream deadline 10 s)
+    received and never acked come back on that stream once their 10-second
+    leases end, not ten minutes later (what an open stream's deadline of 600 s
+    would make of them)."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 20)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=10, max_outstanding_messages=100
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 20, 20, "the 20 first deliveries")
+        subscriber.update_subscription(
+            request={
+                "subscription": {"name": name, "ack_deadline_seconds": 10},
+                "update_mask": field_mask_pb2.FieldMask(paths=["ack_deadline_seconds"]),
+            }
+        )
+        first = {m.message.message_id for m in stream.messages()}
+        wait_for(lambda: len(stream.messages()) >= 40, 40, "the 20 messages again")
+        again = {m.message.message_id for m in stream.messages()[20:]}
+        assert again == first
     finally:
         stream.close()

@@ -978,6 +978,9 @@ class _Stream:
                     self._drained.clear()
                     await self._drained.wait()
                     continue
+                # The subscription's settings as they are now (cached a second):
+                # an updated ack deadline is the reclaimers' min-idle at once.
+                puller.view = await self._service.adapter.view(self._view.name)
                 items = await puller.pull(_STREAM_BLOCK_MS, limit=_STREAM_READ)
             except StreamsubError:
                 # A subscription deleted under the stream fails its reads: say
