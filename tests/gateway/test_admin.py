@@ -217,8 +217,8 @@ def test_a_zero_minimum_backoff_reads_back_as_zero(
     publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
 ) -> None:
     """RetryPolicy.minimum_backoff may be 0 ("between 0 and 600 seconds"); what
-    CreateSubscription stored, GetSubscription returns. The gateway stores and
-    returns 1 ms (streamsub's backoffs must be > 0), so a config round trip
+    CreateSubscription stored, GetSubscription returns. The gateway used to store
+    and return 1 ms (streamsub's backoffs must be > 0), so a config round trip
     (Terraform, a deployment diff) sees a change nobody made."""
     topic = f"projects/{project}/topics/orders"
     name = f"projects/{project}/subscriptions/billing"
@@ -244,7 +244,7 @@ def test_update_to_an_empty_expiration_policy_is_accepted(
     """An empty expiration_policy means "never expire", which the README says the
     gateway accepts; Go's client sends exactly this update for
     SubscriptionConfigToUpdate{ExpirationPolicy: time.Duration(0)}. The gateway's
-    UpdateSubscription refuses the path with INVALID_ARGUMENT."""
+    UpdateSubscription used to refuse the path with INVALID_ARGUMENT."""
     _, name = _setup(publisher, subscriber, project)
     updated = subscriber.update_subscription(
         request={
@@ -259,8 +259,8 @@ def test_a_page_token_the_service_never_issued_is_invalid(
     publisher: pubsub_v1.PublisherClient, project: str
 ) -> None:
     """Google's paging contract (AIP-158): a page_token the service did not issue is
-    INVALID_ARGUMENT. The gateway's token is a bare streamsub name compared with
-    '>', so any string is taken and silently filters the listing."""
+    INVALID_ARGUMENT. The gateway's token used to be a bare streamsub name compared with
+    '>', so any string was taken and silently filtered the listing."""
     for topic in ("alpha", "bravo", "charlie"):
         publisher.create_topic(name=f"projects/{project}/topics/{topic}")
     with pytest.raises(exceptions.InvalidArgument):

@@ -335,8 +335,8 @@ def test_rest_exactly_once_ack_failure_names_the_ack_ids(http: httpx.Client, pro
     """README: under exactly-once, invalid acks "fail as Pub/Sub fails them
     (INVALID_ARGUMENT with an ErrorInfo mapping each ack id to
     PERMANENT_FAILURE_INVALID_ACK_ID)". Google's REST error body carries that
-    ErrorInfo in error.details; the gateway's REST body has code, message and
-    status only, so a REST client cannot tell which ack ids failed."""
+    ErrorInfo in error.details; the gateway's REST body used to have code, message
+    and status only, so a REST client could not tell which ack ids failed."""
     sub, stale = _exactly_once_stale_ack_id(http, project)
     failed = http.post(f"/v1/{sub}:acknowledge", json={"ackIds": [stale]})
     assert failed.status_code == 400
@@ -396,8 +396,8 @@ def test_rest_names_with_a_percent_sign_reach_that_resource(
 ) -> None:
     """'%' is legal in a Pub/Sub id (README: "ids follow Pub/Sub's rules"); a REST
     client percent-encodes it as %25. uvicorn hands the app a path already
-    decoded, and the gateway unquotes it a second time, so GET
-    /v1/projects/P/topics/rate%2541x looks up topic 'rateAx' (404) instead of
+    decoded, and the gateway used to unquote it a second time: GET
+    /v1/projects/P/topics/rate%2541x looked up topic 'rateAx' (404) instead of
     'rate%41x'."""
     topic = f"projects/{project}/topics/rate%41x"
     publisher.create_topic(name=topic)
@@ -410,8 +410,8 @@ def test_grpc_web_frame_longer_than_the_body_is_refused(
     http: httpx.Client, publisher: pubsub_v1.PublisherClient, project: str
 ) -> None:
     """A gRPC-Web frame whose length prefix says 100 bytes more than the body holds
-    is a broken request and must fail (non-zero grpc-status). The gateway slices
-    what there is, parses it, and runs the call: OK, and the topic exists."""
+    is a broken request and must fail (non-zero grpc-status). The gateway used to slice
+    what there was, parse it, and run the call: OK, and the topic exists."""
     name = f"projects/{project}/topics/framed"
     payload = pubsub.Topic.pb()(name=name).SerializeToString()
     response = http.post(

@@ -266,7 +266,7 @@ def test_a_seek_to_a_future_time_does_not_swallow_later_messages(
 ) -> None:
     """Seeking to a time ahead (how Pub/Sub users purge a backlog; a client clock a
     few seconds fast does the same) acknowledges the backlog; a message published
-    after the seek returned is delivered. The gateway's seek moves every partition
+    after the seek returned is delivered. The gateway's seek used to move every partition
     to the future time itself, so everything published during the next hour is
     acknowledged unseen: lost for this subscription."""
     topic, name = _setup(publisher, subscriber, project)
@@ -292,7 +292,7 @@ def test_create_snapshot_without_a_name_gets_one(
     publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
 ) -> None:
     """Over gRPC a CreateSnapshot with no name is given a random one in the
-    subscription's project. The gateway refuses it as an invalid resource name."""
+    subscription's project. The gateway used to refuse it as an invalid resource name."""
     _, name = _setup(publisher, subscriber, project)
     snapshot = subscriber.create_snapshot(request={"name": "", "subscription": name})
     assert snapshot.name.startswith(f"projects/{project}/snapshots/")

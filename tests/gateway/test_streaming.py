@@ -532,7 +532,7 @@ def test_negative_flow_control_means_no_limit(
 ) -> None:
     """A negative max_outstanding_messages or max_outstanding_bytes is "no limit"
     (Go's client sends a negative ReceiveSettings.MaxOutstandingMessages/Bytes as
-    is, documented as "no limit"): the stream must deliver. The gateway computes a
+    is, documented as "no limit"): the stream must deliver. The gateway used to compute a
     negative budget and delivers nothing, for ever."""
     topic, name = _setup(publisher, subscriber, project)
     _publish(publisher, topic, 20)
@@ -552,7 +552,7 @@ def test_max_outstanding_bytes_is_not_overshot_by_large_messages(
     publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
 ) -> None:
     """With max_outstanding_bytes = 256 KiB and 64 KiB messages, at most about four
-    (one more at most) may be out before acks. The gateway sizes its first read by
+    (one more at most) may be out before acks. The gateway used to size its first read by
     an assumed 1 KiB per message and sends all 40 (2.5 MiB, ten times the limit):
     exactly the pile-up the issue says server-side flow control must prevent."""
     topic, name = _setup(publisher, subscriber, project)
@@ -617,7 +617,7 @@ def test_zero_max_outstanding_messages_means_no_limit(
     """The official Python client with legacy flow control sends
     max_outstanding_messages=0 ("no limit" on the server) and limits itself to its
     FlowControl(max_messages=1500): a callback that keeps 1,500 messages before
-    acking them all (a batching consumer) gets them. The gateway silently caps a 0
+    acking them all (a batching consumer) gets them. The gateway used to cap a 0
     at 1,000 outstanding (StreamSettings.default_max_messages, in no README line),
     so such a consumer waits for ever."""
     topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
@@ -652,7 +652,7 @@ def test_a_reconnecting_client_id_keeps_its_outstanding_messages(
 ) -> None:
     """A stream that reconnects with the same client_id carries the old stream's
     state: its 10 unacked messages still count against max_outstanding_messages=10,
-    so the new stream gets nothing until they are acked. The gateway ignores
+    so the new stream gets nothing until they are acked. The gateway used to ignore
     client_id (it only logs it) and gives the new stream a fresh budget: 20
     messages out against a limit of 10 (what a 30-minute stream end does to every
     client)."""
@@ -686,7 +686,7 @@ def test_flow_control_on_a_later_request_aborts_the_stream(
     field: str,
 ) -> None:
     """Flow-control limits on a request after the first abort the stream with
-    INVALID_ARGUMENT (the proto's words). The gateway ignores them silently."""
+    INVALID_ARGUMENT (the proto's words). The gateway used to ignore them."""
     _, name = _setup(publisher, subscriber, project)
     stream = _RawStream(
         subscriber,
