@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from google.api_core import exceptions
@@ -11,6 +12,8 @@ from google.protobuf import duration_pb2, field_mask_pb2
 
 import streamsub
 from streamsub.testing import RedisServer
+
+from .test_streaming import _setup
 
 
 def _native_subscription(server: RedisServer, name: str) -> streamsub.Subscription:
@@ -170,3 +173,99 @@ def test_subscription_listing_and_deletion(
     with pytest.raises(exceptions.NotFound):
         subscriber.delete_subscription(subscription=names[0])
     assert list(publisher.list_topic_subscriptions(topic=topic)) == names[1:]
+
+
+def test_lowering_the_ack_deadline_keeps_the_leases_already_granted(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """20 messages pulled from an exactly-once subscription and given 300 s more by
+    ModifyAckDeadline stay leased when the subscription's ack deadline is lowered
+    from 600 s to 60 s: nothing is delivered again, and their acks succeed. The
+    gateway redelivers all 20 within seconds (an ack of a first delivery then
+    fails: the delivery moved)."""
+    topic, name = _setup(
+        publisher,
+        subscriber,
+        project,
+        ack_deadline_seconds=600,
+        enable_exactly_once_delivery=True,
+    )
+    for future in [publisher.publish(topic, b"m%d" % i) for i in range(20)]:
+        future.result(timeout=30)
+    held = []
+    while len(held) < 20:
+        response = subscriber.pull(subscription=name, max_messages=20)
+        assert response.received_messages, f"only {len(held)} of 20 pulled"
+        held += response.received_messages
+    ack_ids = [m.ack_id for m in held]
+    subscriber.modify_ack_deadline(subscription=name, ack_ids=ack_ids, ack_deadline_seconds=300)
+    subscriber.update_subscription(
+        request={
+            "subscription": {"name": name, "ack_deadline_seconds": 60},
+            "update_mask": field_mask_pb2.FieldMask(paths=["ack_deadline_seconds"]),
+        }
+    )
+    again = []
+    deadline = time.monotonic() + 8  # settings are cached 1 s; sweeps run every 5 s at most
+    while time.monotonic() < deadline:
+        again += subscriber.pull(subscription=name, max_messages=20).received_messages
+    assert not again, f"{len(again)} messages with some 290 s of lease left were delivered again"
+    subscriber.acknowledge(subscription=name, ack_ids=ack_ids)
+
+
+def test_a_zero_minimum_backoff_reads_back_as_zero(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """RetryPolicy.minimum_backoff may be 0 ("between 0 and 600 seconds"); what
+    CreateSubscription stored, GetSubscription returns. The gateway used to store
+    and return 1 ms (streamsub's backoffs must be > 0), so a config round trip
+    (Terraform, a deployment diff) sees a change nobody made."""
+    topic = f"projects/{project}/topics/orders"
+    name = f"projects/{project}/subscriptions/billing"
+    publisher.create_topic(name=topic)
+    subscriber.create_subscription(
+        request={
+            "name": name,
+            "topic": topic,
+            "retry_policy": {
+                "minimum_backoff": duration_pb2.Duration(seconds=0),
+                "maximum_backoff": duration_pb2.Duration(seconds=60),
+            },
+        }
+    )
+    policy = subscriber.get_subscription(subscription=name).retry_policy
+    assert policy.minimum_backoff.total_seconds() == 0
+    assert policy.maximum_backoff.total_seconds() == 60
+
+
+def test_update_to_an_empty_expiration_policy_is_accepted(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """An empty expiration_policy means "never expire", which the README says the
+    gateway accepts; Go's client sends exactly this update for
+    SubscriptionConfigToUpdate{ExpirationPolicy: time.Duration(0)}. The gateway's
+    UpdateSubscription used to refuse the path with INVALID_ARGUMENT."""
+    _, name = _setup(publisher, subscriber, project)
+    updated = subscriber.update_subscription(
+        request={
+            "subscription": {"name": name, "expiration_policy": {}},
+            "update_mask": field_mask_pb2.FieldMask(paths=["expiration_policy"]),
+        }
+    )
+    assert not updated.expiration_policy.ttl
+
+
+def test_a_page_token_the_service_never_issued_is_invalid(
+    publisher: pubsub_v1.PublisherClient, project: str
+) -> None:
+    """Google's paging contract (AIP-158): a page_token the service did not issue is
+    INVALID_ARGUMENT. The gateway's token used to be a bare streamsub name compared with
+    '>', so any string was taken and silently filtered the listing."""
+    for topic in ("alpha", "bravo", "charlie"):
+        publisher.create_topic(name=f"projects/{project}/topics/{topic}")
+    with pytest.raises(exceptions.InvalidArgument):
+        list(
+            publisher.list_topics(
+                request={"project": f"projects/{project}", "page_token": "not-a-token"}
+            )
+        )

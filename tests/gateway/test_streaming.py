@@ -14,7 +14,7 @@ from google.api_core import exceptions
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber import exceptions as sub_exceptions
 from google.cloud.pubsub_v1.types import FlowControl, PublisherOptions
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, field_mask_pb2
 from google.pubsub_v1 import types as gapic
 
 from .conftest import GatewayThread
@@ -227,6 +227,11 @@ def test_exactly_once_ack_after_the_lease_moved_fails(
         future.result(timeout=30)
     assert delivery_count() == 0
     assert not subscriber.pull(subscription=name, max_messages=10).received_messages
+
+
+def _publish(publisher: pubsub_v1.PublisherClient, topic: str, count: int, size: int = 8) -> None:
+    for future in [publisher.publish(topic, bytes(size)) for _ in range(count)]:
+        future.result(timeout=60)
 
 
 class _RawStream:
@@ -509,3 +514,223 @@ def test_deleting_the_subscription_ends_its_streams_with_not_found(
     subscriber.delete_subscription(subscription=name)
     with pytest.raises(exceptions.NotFound):
         future.result(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_outstanding_messages": -1},
+        {"max_outstanding_bytes": -1},
+    ],
+    ids=["messages=-1", "bytes=-1"],
+)
+def test_negative_flow_control_means_no_limit(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    limits: dict[str, int],
+) -> None:
+    """A negative max_outstanding_messages or max_outstanding_bytes is "no limit"
+    (Go's client sends a negative ReceiveSettings.MaxOutstandingMessages/Bytes as
+    is, documented as "no limit"): the stream must deliver. The gateway used to compute a
+    negative budget and delivers nothing, for ever."""
+    topic, name = _setup(publisher, subscriber, project)
+    _publish(publisher, topic, 20)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(subscription=name, stream_ack_deadline_seconds=60, **limits),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 20, 10, "20 messages on an unlimited stream")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(stream.messages())} delivered") from None
+    finally:
+        stream.close()
+
+
+def test_max_outstanding_bytes_is_not_overshot_by_large_messages(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """With max_outstanding_bytes = 256 KiB and 64 KiB messages, at most about four
+    (one more at most) may be out before acks. The gateway used to size its first read by
+    an assumed 1 KiB per message and sends all 40 (2.5 MiB, ten times the limit):
+    exactly the pile-up the issue says server-side flow control must prevent."""
+    topic, name = _setup(publisher, subscriber, project)
+    size = 64 * 1024
+    _publish(publisher, topic, 40, size)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name,
+            stream_ack_deadline_seconds=60,
+            max_outstanding_messages=1000,
+            max_outstanding_bytes=256 * 1024,
+        ),
+    )
+    try:
+        wait_for(lambda: stream.messages(), 20, "the first messages")
+        time.sleep(1.5)  # what the gateway sends before any ack
+        out = sum(len(m.message.data) for m in stream.messages())
+        assert out <= 256 * 1024 + size, (
+            f"{len(stream.messages())} messages, {out} bytes out against a 262,144-byte limit"
+        )
+    finally:
+        stream.close()
+
+
+def test_messages_with_attributes_reach_the_official_client(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """1,000 messages of 100 bytes with eight 1,000-character attributes each (well
+    within Pub/Sub's limits of 100 attributes of 1,024 bytes) all arrive through a
+    default streaming pull of the official client."""
+    topic, name = _setup(publisher, subscriber, project)
+    attributes = {f"meta{i}": "v" * 1000 for i in range(8)}
+    futures = [publisher.publish(topic, bytes(100), **attributes) for _ in range(1000)]
+    published = {f.result(timeout=60) for f in futures}
+    received: set[str] = set()
+    lock = threading.Lock()
+
+    def callback(message: Any) -> None:
+        with lock:
+            received.add(message.message_id)
+        message.ack()
+
+    future = subscriber.subscribe(name, callback)
+    try:
+        wait_for(
+            lambda: received >= published or not future.running(),
+            25,
+            "every message with attributes",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(received)} of {len(published)} arrived") from None
+    finally:
+        future.cancel()
+        future.result(timeout=30)
+    assert received == published
+
+
+def test_zero_max_outstanding_messages_means_no_limit(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """The official Python client with legacy flow control sends
+    max_outstanding_messages=0 ("no limit" on the server) and limits itself to its
+    FlowControl(max_messages=1500): a callback that keeps 1,500 messages before
+    acking them all (a batching consumer) gets them. The gateway used to cap a 0
+    at 1,000 outstanding (StreamSettings.default_max_messages, in no README line),
+    so such a consumer waits for ever."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 1500)
+    held: list[Any] = []
+    lock = threading.Lock()
+
+    def keep(message: Any) -> None:
+        with lock:
+            held.append(message)
+
+    future = subscriber.subscribe(
+        name,
+        keep,
+        flow_control=FlowControl(max_messages=1500),
+        use_legacy_flow_control=True,
+    )
+    try:
+        wait_for(lambda: len(held) >= 1500, 25, "1,500 messages held before any ack")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {len(held)} held") from None
+    finally:
+        with lock:
+            for message in held:
+                message.ack()
+        future.cancel()
+        future.result(timeout=30)
+
+
+def test_a_reconnecting_client_id_keeps_its_outstanding_messages(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """A stream that reconnects with the same client_id carries the old stream's
+    state: its 10 unacked messages still count against max_outstanding_messages=10,
+    so the new stream gets nothing until they are acked. The gateway used to ignore
+    client_id (it only logs it) and gives the new stream a fresh budget: 20
+    messages out against a limit of 10 (what a 30-minute stream end does to every
+    client)."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 50)
+    first = gapic.StreamingPullRequest(
+        subscription=name,
+        stream_ack_deadline_seconds=600,
+        max_outstanding_messages=10,
+        client_id="reconnecting-client",
+    )
+    old = _RawStream(subscriber, first)
+    wait_for(lambda: len(old.messages()) >= 10, 20, "the first stream's 10 messages")
+    old.close()
+    new = _RawStream(subscriber, first)
+    try:
+        time.sleep(1.5)
+        assert not new.messages(), (
+            f"the reconnected stream got {len(new.messages())} more messages while the "
+            "same client still holds 10 unacked ones"
+        )
+    finally:
+        new.close()
+
+
+@pytest.mark.parametrize("field", ["max_outstanding_messages", "max_outstanding_bytes"])
+def test_flow_control_on_a_later_request_aborts_the_stream(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    project: str,
+    field: str,
+) -> None:
+    """Flow-control limits on a request after the first abort the stream with
+    INVALID_ARGUMENT (the proto's words). The gateway used to ignore them."""
+    _, name = _setup(publisher, subscriber, project)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=5
+        ),
+    )
+    try:
+        time.sleep(0.5)
+        stream.send(gapic.StreamingPullRequest(**{field: 50}))
+        wait_for(lambda: stream.error is not None, 5, "the stream to be aborted")
+        # The generated client raises the status as google.api_core's exception.
+        assert isinstance(stream.error, exceptions.InvalidArgument), stream.error
+    finally:
+        stream.close()
+
+
+def test_a_stream_takes_up_a_lowered_ack_deadline(
+    publisher: pubsub_v1.PublisherClient, subscriber: pubsub_v1.SubscriberClient, project: str
+) -> None:
+    """Streams read with the subscription's ack deadline as it is now: after it
+    is lowered from 600 s to 10 s, 20 messages a stream (stream deadline 10 s)
+    received and never acked come back on that stream once their 10-second
+    leases end, not ten minutes later (what an open stream's deadline of 600 s
+    would make of them)."""
+    topic, name = _setup(publisher, subscriber, project, ack_deadline_seconds=600)
+    _publish(publisher, topic, 20)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=10, max_outstanding_messages=100
+        ),
+    )
+    try:
+        wait_for(lambda: len(stream.messages()) >= 20, 20, "the 20 first deliveries")
+        subscriber.update_subscription(
+            request={
+                "subscription": {"name": name, "ack_deadline_seconds": 10},
+                "update_mask": field_mask_pb2.FieldMask(paths=["ack_deadline_seconds"]),
+            }
+        )
+        first = {m.message.message_id for m in stream.messages()}
+        wait_for(lambda: len(stream.messages()) >= 40, 40, "the 20 messages again")
+        again = {m.message.message_id for m in stream.messages()[20:]}
+        assert again == first
+    finally:
+        stream.close()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
 from google.api_core import exceptions
 from google.cloud import pubsub_v1
+from google.protobuf import duration_pb2
+from google.pubsub_v1 import types as gapic
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -15,7 +18,7 @@ from grpc_status import rpc_status
 from streamsub.testing import RedisServer
 
 from .conftest import GatewayThread
-from .test_streaming import wait_for
+from .test_streaming import _RawStream, _setup, wait_for
 
 
 @pytest.fixture
@@ -159,3 +162,53 @@ def test_a_stale_nack_leaves_the_current_delivery_alone(
     assert not client.pull(subscription=name, max_messages=20).received_messages
     client.acknowledge(subscription=name, ack_ids=list(second.values()))
     client.close()
+
+
+def test_a_nack_on_another_gateway_is_redelivered_after_its_backoff(
+    publisher: pubsub_v1.PublisherClient,
+    subscriber: pubsub_v1.SubscriberClient,
+    second_gateway: GatewayThread,
+    project: str,
+) -> None:
+    """A message streamed by one gateway (stream deadline 60 s, subscription ack
+    deadline 10 s, retry backoff 5 s) and nacked through another comes back after
+    its 5 seconds, not after the stream's 60-second lease."""
+    topic, name = _setup(
+        publisher,
+        subscriber,
+        project,
+        retry_policy={
+            "minimum_backoff": duration_pb2.Duration(seconds=5),
+            "maximum_backoff": duration_pb2.Duration(seconds=5),
+        },
+    )
+    message_id = publisher.publish(topic, b"nack me elsewhere").result(timeout=30)
+    stream = _RawStream(
+        subscriber,
+        gapic.StreamingPullRequest(
+            subscription=name, stream_ack_deadline_seconds=60, max_outstanding_messages=10
+        ),
+    )
+    elsewhere = pubsub_v1.SubscriberClient(
+        transport=SubscriberGrpcTransport(channel=grpc.insecure_channel(second_gateway.host))
+    )
+    try:
+        wait_for(stream.messages, 20, "the streamed delivery")
+        first = stream.messages()[0]
+        assert first.message.message_id == message_id
+        elsewhere.modify_ack_deadline(
+            subscription=name, ack_ids=[first.ack_id], ack_deadline_seconds=0
+        )
+        again: list[Any] = []
+
+        def redelivered() -> bool:
+            # To whichever puller: the stream itself, or a Pull on the other gateway.
+            again.extend(stream.messages()[1:])
+            again.extend(elsewhere.pull(subscription=name, max_messages=1).received_messages)
+            return bool(again)
+
+        wait_for(redelivered, 15, "the nacked message again, after its 5-second backoff")
+        assert again[0].message.message_id == message_id
+    finally:
+        stream.close()
+        elsewhere.close()

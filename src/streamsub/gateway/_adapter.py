@@ -47,7 +47,7 @@ from .._core.deadletter import UNDECODABLE, dead_letter_message
 from .._core.partition import partition_for_key
 from .._core.retry import backoff
 from .._errors import StreamsubError, SubscriptionNotFoundError, TopicNotFoundError
-from .._settings import RetryPolicy
+from .._settings import Limits, RetryPolicy
 from ._ownership import OWNERSHIP_LEASE, Membership
 
 __all__ = [
@@ -68,8 +68,9 @@ _LEASE_TICK = (0.05, 2.0)
 """Bounds of the lease table's period (a quarter of the ack deadline)."""
 _RECLAIM_EVERY = (0.05, 5.0)
 """Bounds of the period between reclaim sweeps (a quarter of the ack deadline)."""
-_ASSUMED_SIZE = 1024
-"""Bytes per message assumed for the byte limit until sizes have been seen."""
+_ASSUMED_SIZE = float(Limits().max_message_bytes)
+"""Bytes per message assumed for the byte limit until sizes have been seen: the
+largest a message may be, so that the first read never overshoots the limit."""
 _CONSUMER_EXPIRY = 3600.0
 """A consumer (one per stream) idle this long and holding nothing is deleted."""
 _CONSUMER_SWEEP_EVERY = 600.0
@@ -178,6 +179,12 @@ class Adapter:
         self._idle_since: dict[str, float] = {}
         self._ownership_lease = ownership_lease
         self._housekeeping: asyncio.Task[None] | None = None
+        self._carried: dict[tuple[str, str], list[_Delivery]] = {}
+        """(subscription, client id) -> what a closed stream of that client held."""
+
+    def _mine(self, consumer: str) -> bool:
+        """Whether ``consumer`` is one of this process's (its lease table's)."""
+        return consumer.startswith(f"{self._prefix}-")
 
     def new_consumer(self, kind: str) -> str:
         """A consumer name unique to this process (stable parts first, for humans)."""
@@ -242,6 +249,13 @@ class Adapter:
         for puller in self._pullers:
             if puller.view.name == name:
                 puller.restart_sweep(now)
+
+    async def rebase(self, name: str) -> None:
+        """Re-encode the leases held here of subscription ``name`` against its
+        ack deadline now (after an update changed it)."""
+        table = self._tables.get(name)
+        if table is not None:
+            await table.refresh()
 
     def _table(self, view: SubscriptionView) -> _LeaseTable:
         table = self._tables.get(view.name)
@@ -338,6 +352,11 @@ class Adapter:
             delivery = None if table is None else table.get((partition, entry_id))
             delivered_ms = now_ms if delivery is None else delivery.delivered_ms
             delay_ms = int(backoff(view.retry_policy, attempt) * 1000) if backoff_delay else 0
+            if not self._mine(consumer):
+                # Another process's delivery: its lease table would take back a
+                # backoff shorter than the ack deadline (an idle time its next
+                # "extend" resets), so park the entry instead (see below).
+                delay_ms = max(delay_ms, 1)
             key = (consumer, partition, entry_id)
             if key not in named:
                 items.setdefault(consumer, collections.defaultdict(list))[partition].append(
@@ -354,8 +373,16 @@ class Adapter:
                     puller.sweep_by(due)
         for consumer, by_partition in items.items():
             # Owner- and attempt-checked: a stale ack id never moves a newer delivery.
+            # A delay longer than the min-idle given parks the entry under another
+            # consumer until it is due: another process's deliveries are all
+            # parked (min-idle 0), so that its lease steps fail, it drops them,
+            # and the backoff holds.
             owned = await self._backend.nack(
-                view.topic, view.name, consumer, by_partition, deadline_ms
+                view.topic,
+                view.name,
+                consumer,
+                by_partition,
+                deadline_ms if self._mine(consumer) else 0,
             )
             done = {(p, i) for p, ids in owned.items() for i in ids}
             if done:
@@ -381,9 +408,12 @@ class Adapter:
         max_bytes: int,
         deadline: float,
         stream: bool = False,
+        client_id: str = "",
     ) -> Puller:
         """A reader of ``view`` for one stream (``stream``) or for unary pulls, as
-        ``consumer``."""
+        ``consumer``. A stream of ``client_id`` starts with what that client's
+        earlier streams still hold outstanding (Pub/Sub carries a reconnecting
+        client's state over), so they count against its flow control."""
         puller = Puller(
             self,
             view,
@@ -392,8 +422,14 @@ class Adapter:
             max_bytes=max_bytes,
             deadline=deadline,
             stream=stream,
+            client_id=client_id,
         )
         self._pullers.add(puller)
+        if client_id:
+            carried = self._carried.pop((view.name, client_id), [])
+            table = self._tables.get(view.name)
+            if table is not None:
+                puller.adopt(d for d in carried if table.get((d.partition, d.entry_id)) is d)
         if view.ordering:
             if stream:
                 self._members.setdefault(view.name, []).append(puller)
@@ -418,6 +454,24 @@ class Adapter:
                 loop = asyncio.get_running_loop()
                 self._housekeeping = loop.create_task(self._keep_memberships())
         return puller
+
+    def carry(self, puller: Puller, outstanding: list[_Delivery]) -> None:
+        """Keep what a closing stream of a client held for that client's next
+        stream; drop what was carried and settled or lapsed since."""
+        for key, deliveries in list(self._carried.items()):
+            table = self._tables.get(key[0])
+            live = [
+                d
+                for d in deliveries
+                if table is not None and table.get((d.partition, d.entry_id)) is d
+            ]
+            if live:
+                self._carried[key] = live
+            else:
+                del self._carried[key]
+        if outstanding:
+            key = (puller.view.name, puller.client_id)
+            self._carried.setdefault(key, []).extend(outstanding)
 
     def _holds(self, name: str, partition: int) -> bool:
         """Whether this process has deliveries of ``partition`` out, or a read of it
@@ -628,11 +682,49 @@ class _LeaseTable:
                 await self._task
             self._task = None
 
+    async def refresh(self) -> None:
+        """Take up the subscription's ack deadline now. Leases are idle times
+        relative to it (see the module's docstring), so after a change every
+        lease held here is set again against the new one: a lowered deadline
+        would otherwise end leases already granted."""
+        try:
+            view = await self._adapter.view(self.view.name)
+        except (SubscriptionNotFoundError, TopicNotFoundError):
+            return  # deleted: the leases settle nothing any more
+        old, self.view = self.view.ack_deadline, view
+        if view.ack_deadline == old or not self._deliveries:
+            return
+        now = self._adapter._clock()
+        deadline = view.ack_deadline
+        deadline_ms = int(deadline * 1000)
+        updates: dict[int, list[tuple[str, str, int, int, LeaseMode]]] = collections.defaultdict(
+            list
+        )
+        sent = list(self._deliveries.values())
+        for d in sent:
+            remaining = max(0.0, d.lease_end - now)
+            d.final = remaining <= deadline
+            d.set_at = now
+            idle_ms = deadline_ms - int(remaining * 1000) if d.final else 0
+            updates[d.partition].append((d.entry_id, d.consumer, d.attempt, idle_ms, "set"))
+        leased = await self._adapter._backend.lease_deliveries(
+            self.view.topic, self.view.name, updates, deadline_ms
+        )
+        done = {(p, i) for p, ids in leased.items() for i in ids}
+        for d in sent:
+            key = (d.partition, d.entry_id)
+            if key not in done and self._deliveries.get(key) is d:
+                self.drop(key)
+
     async def _run(self) -> None:
         while True:
             deadline = self.view.ack_deadline
             await asyncio.sleep(min(max(deadline / 4, _LEASE_TICK[0]), _LEASE_TICK[1]))
             try:
+                # An update made through another gateway shows here within
+                # the view cache's second.
+                await self.refresh()
+                deadline = self.view.ack_deadline
                 await self._tick(deadline)
             except StreamsubError as exc:
                 log.warning(
@@ -688,8 +780,10 @@ class Puller:
         max_bytes: int,
         deadline: float,
         stream: bool,
+        client_id: str = "",
     ) -> None:
         self._adapter = adapter
+        self.client_id = client_id
         self.view = view
         self.stream = stream
         self.last_pull = adapter._clock()
@@ -702,7 +796,7 @@ class Puller:
         self.closed = False
         self._outstanding: dict[_Key, _Delivery] = {}
         self._bytes = 0
-        self._average_size = float(_ASSUMED_SIZE)
+        self._average_size: float | None = None
         self.room = asyncio.Event()
         self._cursors: dict[int, str] = {}
         self._next_sweep = 0.0
@@ -725,6 +819,14 @@ class Puller:
         self._cursors = {}
         self._next_sweep = min(self._next_sweep, moment)
 
+    def adopt(self, deliveries: Iterable[_Delivery]) -> None:
+        """Count deliveries of a closed stream of the same client as this one's."""
+        for delivery in deliveries:
+            if delivery.owner is None:
+                delivery.owner = self
+                self._outstanding[(delivery.partition, delivery.entry_id)] = delivery
+                self._bytes += delivery.size
+
     def released(self, delivery: _Delivery) -> None:
         key = (delivery.partition, delivery.entry_id)
         if self._outstanding.get(key) is delivery:
@@ -736,14 +838,14 @@ class Puller:
         """How many messages may be delivered now (0 when a limit is reached).
 
         The byte limit counts as many messages as fit at the average size seen
-        so far (sizes are known only once read), and at least one while
-        nothing is outstanding, so that a message larger than the limit still
-        goes out, alone.
+        so far (sizes are known only once read; before any, the largest size a
+        message may have), and at least one while nothing is outstanding, so
+        that a message larger than the limit still goes out, alone.
         """
         free_bytes = self.max_bytes - self._bytes
         if free_bytes <= 0:
             return 0
-        by_bytes = int(free_bytes // self._average_size)
+        by_bytes = int(free_bytes // (self._average_size or _ASSUMED_SIZE))
         if by_bytes == 0 and not self._outstanding:
             by_bytes = 1
         return max(0, min(self.max_messages - len(self._outstanding), by_bytes))
@@ -986,7 +1088,11 @@ class Puller:
             if not self.closed:
                 self._outstanding[(entry.partition, entry.entry_id)] = delivery
                 self._bytes += decoded.size
-                self._average_size += (max(decoded.size, 1) - self._average_size) / 16
+                size = max(decoded.size, 1)
+                if self._average_size is None:
+                    self._average_size = float(size)
+                else:
+                    self._average_size += (size - self._average_size) / 16
             ack_id = format_ack_id(
                 entry.partition, entry.entry_id, entry.delivery_count, self.consumer
             )
@@ -1042,6 +1148,8 @@ class Puller:
             delivery.owner = None
         self._outstanding.clear()
         self._bytes = 0
+        if not hand_back and self.client_id:
+            self._adapter.carry(self, outstanding)
         if hand_back and outstanding:
             ack_ids = [
                 format_ack_id(d.partition, d.entry_id, d.attempt, d.consumer) for d in outstanding

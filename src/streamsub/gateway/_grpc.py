@@ -13,14 +13,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
 from .._errors import StreamsubError
 from ._proto import METHODS, pb
 from ._service import PubSubService
-from ._status import Code, RpcError, from_streamsub
+from ._status import Code, RpcError, from_streamsub, status_message
 
-__all__ = ["grpc_server", "status_message"]
+__all__ = ["grpc_server"]
 
 log = logging.getLogger("streamsub.gateway")
 
@@ -33,19 +32,6 @@ _OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
-
-
-def status_message(exc: RpcError) -> Any:
-    """The google.rpc.Status of ``exc``, with ErrorInfo for ack failures."""
-    status = status_pb2.Status(code=int(exc.code), message=exc.message)
-    if exc.ack_errors:
-        info = error_details_pb2.ErrorInfo(
-            reason="EXACTLY_ONCE_ACKID_FAILURE",
-            domain="pubsub.googleapis.com",
-            metadata=exc.ack_errors,
-        )
-        status.details.add().Pack(info)
-    return status
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: RpcError) -> NoReturn:

@@ -27,7 +27,7 @@ from google.protobuf import json_format
 from .._errors import StreamsubError
 from ._proto import METHODS, pb
 from ._service import PubSubService
-from ._status import Code, RpcError, from_streamsub
+from ._status import Code, RpcError, from_streamsub, status_message
 
 __all__ = ["HttpApp"]
 
@@ -152,9 +152,14 @@ def _set_path(message: Any, field: str, value: str) -> None:
 
 
 def _error_body(exc: RpcError) -> bytes:
-    return json.dumps(
-        {"error": {"code": exc.code.http_status, "message": exc.message, "status": exc.code.name}}
-    ).encode()
+    error: dict[str, Any] = {
+        "code": exc.code.http_status,
+        "message": exc.message,
+        "status": exc.code.name,
+    }
+    if exc.ack_errors:  # Google's REST errors carry the Status's details
+        error["details"] = json_format.MessageToDict(status_message(exc))["details"]
+    return json.dumps({"error": error}).encode()
 
 
 class HttpApp:
@@ -239,7 +244,7 @@ class HttpApp:
     async def _rest_request(
         self, scope: Scope, receive: Receive
     ) -> tuple[Callable[[Any], Awaitable[Any]], Any]:
-        path = urllib.parse.unquote(scope["path"])
+        path = scope["path"]  # ASGI servers hand it over percent-decoded already
         allowed = False
         for verb, pattern, rpc, request_class, field in _ROUTES:
             match = pattern.fullmatch(path)
@@ -313,12 +318,16 @@ class HttpApp:
             body = encode(_frame(0, response.SerializeToString()) + _trailer(Code.OK, ""))
             await self._respond(send, 200, headers, body)
         except RpcError as exc:
+            details = _details(exc)
             trailers_only = [
                 *headers,
                 (b"grpc-status", str(int(exc.code)).encode()),
                 (b"grpc-message", urllib.parse.quote(exc.message).encode()),
             ]
-            await self._respond(send, 200, trailers_only, encode(_trailer(exc.code, exc.message)))
+            if details:
+                trailers_only.append((b"grpc-status-details-bin", details.encode()))
+            trailer = _trailer(exc.code, exc.message, details)
+            await self._respond(send, 200, trailers_only, encode(trailer))
 
     async def _grpc_web_stream(
         self,
@@ -379,8 +388,18 @@ def _frame(flag: int, payload: bytes) -> bytes:
     return _FRAME.pack(flag, len(payload)) + payload
 
 
-def _trailer(code: Code, message: str) -> bytes:
+def _details(exc: RpcError) -> str:
+    """grpc-status-details-bin (base64, unpadded, as gRPC sends binary headers),
+    where there are details (exactly-once ack failures), else ''."""
+    if not exc.ack_errors:
+        return ""
+    return base64.b64encode(status_message(exc).SerializeToString()).decode().rstrip("=")
+
+
+def _trailer(code: Code, message: str, details: str = "") -> bytes:
     text = f"grpc-status:{int(code)}\r\ngrpc-message:{urllib.parse.quote(message)}\r\n"
+    if details:
+        text += f"grpc-status-details-bin:{details}\r\n"
     return _frame(_TRAILER_FLAG, text.encode())
 
 
@@ -392,6 +411,11 @@ def _read_frames(body: bytes) -> list[bytes]:
             raise RpcError(Code.INVALID_ARGUMENT, "A gRPC-Web frame is cut short.")
         flag, length = _FRAME.unpack_from(body, pos)
         pos += _FRAME.size
+        if length > len(body) - pos:
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                f"A gRPC-Web frame says {length} bytes; the body holds {len(body) - pos}.",
+            )
         if flag & _TRAILER_FLAG == 0:
             messages.append(body[pos : pos + length])
         pos += length

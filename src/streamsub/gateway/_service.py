@@ -9,10 +9,12 @@ acks and leases through the adapter (:mod:`._adapter`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import datetime
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Any
 
@@ -46,11 +48,22 @@ _MODACK_RANGE = (0, 600)
 _DEAD_LETTER_ATTEMPTS_RANGE = (5, 100)
 _TOPIC_RETENTION_RANGE = (600, 31 * 86400)
 """Pub/Sub's bounds of a topic's message_retention_duration (10 minutes to 31 days)."""
+_SHORTEST_BACKOFF = 0.001
+"""A retry backoff of 0 (Pub/Sub: "as soon as possible") is stored as this."""
 _PULL_BLOCK_MS = 1000
 """How long a unary Pull waits for messages before answering with none."""
 _STREAM_BLOCK_MS = 500
+_STREAM_READ = 1000
+"""Messages one read of a stream takes at most (whatever its flow control allows)."""
+_OUTBOX_LIMIT = 4
+"""Responses a stream queues for its client before it reads more: a stream
+without flow-control limits still reads no faster than its client receives."""
+_NO_LIMIT = 2**62
+"""A flow-control limit of <= 0 (Pub/Sub: "no limit")."""
 _RESPONSE_BYTES = 3 * 2**20
 """A streaming response is cut below gRPC's default 4 MiB message limit."""
+_FIELD_OVERHEAD = 8
+"""Bytes a repeated field's tag and length add to each message in a response."""
 _ACK_FAILURE = "PERMANENT_FAILURE_INVALID_ACK_ID"
 _DELETED_TOPIC = "_deleted-topic_"
 _background: set[asyncio.Task[None]] = set()
@@ -65,13 +78,10 @@ class StreamSettings:
 
     ``lifetime`` (default 1800 s, as Pub/Sub) ends a stream with UNAVAILABLE,
     which clients answer by opening another; nothing it delivered is lost, the
-    leases run on. ``default_max_messages`` bounds a stream whose client names
-    no limit.
+    leases run on.
     """
 
     lifetime: float = 1800.0
-    default_max_messages: int = 1000
-    default_max_bytes: int = 100 * 2**20
 
 
 def _duration(seconds: float) -> Any:
@@ -79,6 +89,12 @@ def _duration(seconds: float) -> Any:
 
     whole = int(seconds)
     return duration_pb2.Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
+
+
+def _backoff_out(seconds: float) -> float:
+    """A stored backoff as Pub/Sub reads it: the shortest streamsub backoff
+    stands for the 0 it was set as."""
+    return 0.0 if seconds <= _SHORTEST_BACKOFF else seconds
 
 
 def _seconds(duration: Any) -> float:
@@ -189,10 +205,10 @@ class PubSubService:
             message.dead_letter_policy.max_delivery_attempts = sub.max_delivery_attempts
         if sub.retry_policy is not None:
             message.retry_policy.minimum_backoff.CopyFrom(
-                _duration(sub.retry_policy.minimum_backoff)
+                _duration(_backoff_out(sub.retry_policy.minimum_backoff))
             )
             message.retry_policy.maximum_backoff.CopyFrom(
-                _duration(sub.retry_policy.maximum_backoff)
+                _duration(_backoff_out(sub.retry_policy.maximum_backoff))
             )
         return message
 
@@ -229,7 +245,10 @@ class PubSubService:
                 "Invalid retry_policy: maximum_backoff must not be less than minimum_backoff.",
             )
         # streamsub's backoffs are > 0; Pub/Sub's 0 means "as soon as possible".
-        return RetryPolicy(minimum_backoff=max(minimum, 0.001), maximum_backoff=max(maximum, 0.001))
+        return RetryPolicy(
+            minimum_backoff=max(minimum, _SHORTEST_BACKOFF),
+            maximum_backoff=max(maximum, _SHORTEST_BACKOFF),
+        )
 
     @staticmethod
     def _unsupported(message: Any) -> None:
@@ -362,7 +381,9 @@ class PubSubService:
         names = sorted(
             t.name for t in await self.backend.list_topics() if t.name.startswith(prefix)
         )
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListTopics {request.project}"
+        )
         topics = [await self._topic_message(n) for n in page]
         return pb.ListTopicsResponse(topics=topics, next_page_token=token)
 
@@ -370,7 +391,9 @@ class PubSubService:
         native = self._native(request.topic, "topics")
         await self._topic_exists(request.topic, native)
         names = sorted(s.name for s in await self.backend.list_subscriptions(native))
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListTopicSubscriptions {request.topic}"
+        )
         return pb.ListTopicSubscriptionsResponse(
             subscriptions=[from_native(n, "subscriptions") or n for n in page],
             next_page_token=token,
@@ -473,6 +496,7 @@ class PubSubService:
             "labels",
             "enable_exactly_once_delivery",
             "message_retention_duration",
+            "expiration_policy",  # to "never" only, what streamsub does (below)
         }
         if paths - supported:
             raise RpcError(
@@ -480,6 +504,12 @@ class PubSubService:
                 "Invalid update_mask provided in the UpdateSubscriptionRequest: the streamsub "
                 f"gateway updates {', '.join(sorted(supported))}, not "
                 f"{', '.join(sorted(paths - supported))}.",
+            )
+        if "expiration_policy" in paths and wanted.expiration_policy.HasField("ttl"):
+            raise RpcError(
+                Code.INVALID_ARGUMENT,
+                "expiration_policy.ttl is not supported by the streamsub gateway: a "
+                "subscription never expires (an empty expiration_policy says so).",
             )
         record = await self.backend.get_subscription(native)
         if record is None:
@@ -511,6 +541,10 @@ class PubSubService:
             if not await self.backend.update_subscription(updated):
                 raise not_found(wanted.name)
         self.adapter.forget(native)
+        try:
+            await self.adapter.rebase(native)
+        except StreamsubError as exc:
+            raise from_streamsub(exc) from None
         return await self._subscription_message(await self._subscription(wanted.name))
 
     async def ListSubscriptions(self, request: Any) -> Any:
@@ -518,7 +552,9 @@ class PubSubService:
         names = sorted(
             s.name for s in await self.backend.list_subscriptions() if s.name.startswith(prefix)
         )
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListSubscriptions {request.project}"
+        )
         subs = []
         for name in page:
             with contextlib.suppress(NotFoundError):
@@ -550,13 +586,23 @@ class PubSubService:
             raise from_streamsub(exc) from None
 
     @staticmethod
-    def _page(names: list[str], size: int, token: str) -> tuple[list[str], str]:
-        """Pages by name: the token is the last name of the previous page."""
+    def _page(names: list[str], size: int, token: str, listing: str) -> tuple[list[str], str]:
+        """Pages by name: the token names the listing (the call and what it
+        lists) and the last name of the previous page, so that a token this
+        listing did not issue is INVALID_ARGUMENT (AIP-158), whichever gateway
+        process issued it."""
         if token:
-            names = [n for n in names if n > token]
+            try:
+                issued, _, last = base64.urlsafe_b64decode(token).decode().partition("\n")
+            except (ValueError, UnicodeDecodeError):
+                issued, last = "", ""
+            if issued != listing or not last:
+                raise RpcError(Code.INVALID_ARGUMENT, f"Invalid page_token: {token!r}.")
+            names = [n for n in names if n > last]
         if size <= 0 or len(names) <= size:
             return names, ""
-        return names[:size], names[size - 1]
+        issued_token = f"{listing}\n{names[size - 1]}".encode()
+        return names[:size], base64.urlsafe_b64encode(issued_token).decode()
 
     # --- Subscriber: seek and snapshots ----------------------------------------
     def _snapshot_message(self, snapshot: Snapshot) -> Any:
@@ -587,6 +633,13 @@ class PubSubService:
         else:
             raise RpcError(Code.INVALID_ARGUMENT, "A seek needs a target: a time or a snapshot.")
         try:
+            if isinstance(to, datetime.datetime) and to.timestamp() > (
+                await self.backend.server_time()
+            ):
+                # Pub/Sub's seek acts on the messages the subscription holds now:
+                # a time ahead acknowledges them all, and later ones still come.
+                # (streamsub's own seek would move each partition to that time.)
+                to = "latest"
             await self.client.seek(native, to=to)
         except SubscriptionNotFoundError:
             raise not_found(request.subscription) from None
@@ -603,8 +656,13 @@ class PubSubService:
         return pb.SeekResponse()
 
     async def CreateSnapshot(self, request: Any) -> Any:
-        native = self._native(request.name, "snapshots")
         subscription = self._native(request.subscription, "subscriptions")
+        name = request.name
+        if not name:
+            # Pub/Sub assigns a random name in the subscription's project.
+            project = request.subscription.split("/")[1]
+            name = f"projects/{project}/snapshots/snapshot-{uuid.uuid4().hex}"
+        native = self._native(name, "snapshots")
         self._no_labels(request.labels)
         try:
             snapshot = await self.client.create_snapshot(native, subscription)
@@ -616,7 +674,7 @@ class PubSubService:
                 f"The subscription's topic was deleted (subscription={request.subscription}).",
             ) from None
         except AlreadyExistsError:
-            raise already_exists(request.name) from None
+            raise already_exists(name) from None
         except StreamsubError as exc:
             raise from_streamsub(exc) from None
         return self._snapshot_message(snapshot)
@@ -637,7 +695,9 @@ class PubSubService:
         prefix = self._project(request.project)
         snapshots = {s.name: s for s in await self.client.list_snapshots()}
         names = sorted(n for n in snapshots if n.startswith(prefix))
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListSnapshots {request.project}"
+        )
         return pb.ListSnapshotsResponse(
             snapshots=[self._snapshot_message(snapshots[n]) for n in page], next_page_token=token
         )
@@ -646,7 +706,9 @@ class PubSubService:
         native = self._native(request.topic, "topics")
         await self._topic_exists(request.topic, native)
         names = sorted(s.name for s in await self.client.list_snapshots() if s.topic == native)
-        page, token = self._page(names, request.page_size, request.page_token)
+        page, token = self._page(
+            names, request.page_size, request.page_token, f"ListTopicSnapshots {request.topic}"
+        )
         return pb.ListTopicSnapshotsResponse(
             snapshots=[from_native(n, "snapshots") or n for n in page], next_page_token=token
         )
@@ -796,14 +858,15 @@ class PubSubService:
         view = await self._view(first.subscription)
         self.trimmer.watch_subscription(view.name)
         await self.adapter.delete_idle_consumers(view)
-        settings = self.stream_settings
         puller = self.adapter.puller(
             view,
             consumer=self.adapter.new_consumer("stream"),
-            max_messages=first.max_outstanding_messages or settings.default_max_messages,
-            max_bytes=first.max_outstanding_bytes or settings.default_max_bytes,
+            # Pub/Sub: a limit <= 0 is no limit (Go's client sends negative ones).
+            max_messages=_limit(first.max_outstanding_messages),
+            max_bytes=_limit(first.max_outstanding_bytes),
             deadline=float(first.stream_ack_deadline_seconds),
             stream=True,
+            client_id=first.client_id,
         )
         stream = _Stream(self, first.subscription, view, puller)
         self.streams += 1
@@ -835,6 +898,7 @@ class _Stream:
         self._view = view
         self._puller = puller
         self._outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._drained = asyncio.Event()
         self._ended = asyncio.Event()
         self._error: BaseException | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -864,6 +928,8 @@ class _Stream:
         self._request_task.add_done_callback(_background.discard)
         while True:
             response = await self._outbox.get()
+            if self._outbox.qsize() <= _OUTBOX_LIMIT:
+                self._drained.set()
             if response is _END:
                 break
             yield response
@@ -908,7 +974,14 @@ class _Stream:
                     await puller.room.wait()
                 continue
             try:
-                items = await puller.pull(_STREAM_BLOCK_MS)
+                if self._outbox.qsize() > _OUTBOX_LIMIT:
+                    self._drained.clear()
+                    await self._drained.wait()
+                    continue
+                # The subscription's settings as they are now (cached a second):
+                # an updated ack deadline is the reclaimers' min-idle at once.
+                puller.view = await self._service.adapter.view(self._view.name)
+                items = await puller.pull(_STREAM_BLOCK_MS, limit=_STREAM_READ)
             except StreamsubError:
                 # A subscription deleted under the stream fails its reads: say
                 # NOT_FOUND, which clients take as final, not a retryable error.
@@ -916,16 +989,20 @@ class _Stream:
                 await self._service._view(self._resource)
                 raise
             if items:
-                for chunk in _chunks(items):
-                    response = pb.StreamingPullResponse(
-                        received_messages=self._service._received(self._view, chunk)
-                    )
+                for chunk in _chunks(self._service._received(self._view, items)):
+                    response = pb.StreamingPullResponse(received_messages=chunk)
                     self._outbox.put_nowait(self._properties(response))
 
     async def _requests(self, requests: AsyncIterator[Any]) -> None:
         service = self._service
         async for request in requests:
             answered = False
+            if request.max_outstanding_messages or request.max_outstanding_bytes:
+                raise RpcError(
+                    Code.INVALID_ARGUMENT,
+                    "max_outstanding_messages and max_outstanding_bytes can only be set on "
+                    "the first request of a stream.",
+                )
             if request.stream_ack_deadline_seconds:
                 self._puller.deadline = float(
                     min(max(request.stream_ack_deadline_seconds, 10), 600)
@@ -984,11 +1061,19 @@ class _Stream:
         await self._puller.close(hand_back=self._service.closing.is_set())
 
 
-def _chunks(items: Sequence[Received]) -> list[Sequence[Received]]:
-    chunks: list[Sequence[Received]] = []
+def _limit(value: int) -> int:
+    """A StreamingPull flow-control limit: <= 0 is none."""
+    return value if value > 0 else _NO_LIMIT
+
+
+def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
+    """ReceivedMessages cut into responses of at most ``_RESPONSE_BYTES`` each
+    (counted as encoded: data, attributes, ids, ordering key and all), except
+    that one message larger than that goes alone."""
+    chunks: list[Sequence[Any]] = []
     start, size = 0, 0
     for index, item in enumerate(items):
-        weight = len(item.data) + len(item.ack_id) + 200
+        weight = item.ByteSize() + _FIELD_OVERHEAD
         if index > start and size + weight > _RESPONSE_BYTES:
             chunks.append(items[start:index])
             start, size = index, 0

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Any
+
+from google.rpc import error_details_pb2, status_pb2
 
 from .._errors import (
     AlreadyExistsError,
@@ -20,7 +23,14 @@ from .._errors import (
     UnavailableError,
 )
 
-__all__ = ["Code", "RpcError", "already_exists", "from_streamsub", "not_found"]
+__all__ = [
+    "Code",
+    "RpcError",
+    "already_exists",
+    "from_streamsub",
+    "not_found",
+    "status_message",
+]
 
 
 class Code(enum.IntEnum):
@@ -66,6 +76,21 @@ class RpcError(Exception):
         self.code = code
         self.message = message
         self.ack_errors = dict(ack_errors or {})
+
+
+def status_message(exc: RpcError) -> Any:
+    """The google.rpc.Status of ``exc``, with ErrorInfo for ack failures (every
+    face sends it: gRPC and gRPC-Web as grpc-status-details-bin, REST as the
+    error body's details)."""
+    status = status_pb2.Status(code=int(exc.code), message=exc.message)
+    if exc.ack_errors:
+        info = error_details_pb2.ErrorInfo(
+            reason="EXACTLY_ONCE_ACKID_FAILURE",
+            domain="pubsub.googleapis.com",
+            metadata=exc.ack_errors,
+        )
+        status.details.add().Pack(info)
+    return status
 
 
 def not_found(resource: str) -> RpcError:
