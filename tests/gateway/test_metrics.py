@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 import httpx
 import pytest
 from google.cloud import pubsub_v1
 
 from streamsub.testing import RedisServer
+from tests.gateway._collect import AckingCollector
 
 from .test_restart import GatewayProcess, _free_port
 from .test_streaming import wait_for
@@ -39,13 +37,8 @@ def test_gateway_serves_deliveries_acks_and_streams_as_metrics(
     native = f"{project}~billing"
     publisher.create_topic(name=topic)
     subscriber.create_subscription(name=name, topic=topic)
-    received: set[str] = set()
-    lock = threading.Lock()
-
-    def callback(message: Any) -> None:
-        with lock:
-            received.add(message.message_id)
-        message.ack()
+    callback = AckingCollector()
+    received = callback.ids
 
     future = subscriber.subscribe(name, callback)
     url = f"http://127.0.0.1:{metrics_port}/metrics"

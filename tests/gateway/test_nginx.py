@@ -10,7 +10,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from google.cloud.pubsub_v1.types import PublisherOptions
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 from google.pubsub_v1.types import pubsub
+
+from tests.gateway._collect import AckingCollector
 
 from . import test_admin, test_streaming
 from .conftest import GatewayThread
@@ -152,13 +153,8 @@ def test_official_client_over_grpc_through_nginx(front_door: FrontDoor, project:
     with pytest.raises(exceptions.NotFound):
         publisher.get_topic(topic=f"projects/{project}/topics/missing")
     ids = {f.result() for f in [publisher.publish(topic, b"n%d" % i) for i in range(1000)]}
-    received: set[str] = set()
-    lock = threading.Lock()
-
-    def callback(message: Any) -> None:
-        with lock:
-            received.add(message.message_id)
-        message.ack()
+    callback = AckingCollector()
+    received = callback.ids
 
     future = subscriber.subscribe(name, callback)
     try:

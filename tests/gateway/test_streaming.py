@@ -17,6 +17,8 @@ from google.cloud.pubsub_v1.types import FlowControl, PublisherOptions
 from google.protobuf import duration_pb2, field_mask_pb2
 from google.pubsub_v1 import types as gapic
 
+from tests.gateway._collect import AckingCollector
+
 from .conftest import GatewayThread
 
 
@@ -332,13 +334,8 @@ def test_streams_end_at_their_lifetime_without_losing_messages(
     subscriber = pubsub_v1.SubscriberClient()
     try:
         topic, name = _setup(publisher, subscriber, project)
-        received: set[str] = set()
-        lock = threading.Lock()
-
-        def callback(message: Any) -> None:
-            with lock:
-                received.add(message.message_id)
-            message.ack()
+        callback = AckingCollector()
+        received = callback.ids
 
         future = subscriber.subscribe(name, callback)
         published: set[str] = set()
@@ -588,13 +585,8 @@ def test_messages_with_attributes_reach_the_official_client(
     attributes = {f"meta{i}": "v" * 1000 for i in range(8)}
     futures = [publisher.publish(topic, bytes(100), **attributes) for _ in range(1000)]
     published = {f.result(timeout=60) for f in futures}
-    received: set[str] = set()
-    lock = threading.Lock()
-
-    def callback(message: Any) -> None:
-        with lock:
-            received.add(message.message_id)
-        message.ack()
+    callback = AckingCollector()
+    received = callback.ids
 
     future = subscriber.subscribe(name, callback)
     try:
