@@ -408,10 +408,12 @@ class RedisClusterBackend(RedisBackend):
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
                     f"{exc}); try again"
                 ) from exc
-            except (AttributeError, KeyError, IndexError, TypeError) as exc:
+            except (AttributeError, KeyError, IndexError, TypeError, RuntimeError) as exc:
                 # redis-py 5.0's cluster pipeline trips over a node it has just
                 # dropped from its view (AttributeError on None) while the
-                # cluster fails over: transient. Our own bugs still raise.
+                # cluster fails over, and two of its topology refreshes at once
+                # clash ("dictionary changed size during iteration"): transient.
+                # Our own bugs still raise.
                 if not _raised_in_redis_py(exc):
                     raise
                 raise UnavailableError(
