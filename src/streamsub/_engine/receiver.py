@@ -406,11 +406,11 @@ class Receiver:
         owner = self._owner
         assert owner is not None
         while messages:
-            fenced = [m for m in messages if not owner.owns(m._partition, m._token)]
-            if not fenced:
-                self._dispatcher.start(messages)
-                return
-            self._dispatcher.start([m for m in messages if owner.owns(m._partition, m._token)])
+            run: list[Message] = []
+            fenced: list[Message] = []
+            for message in messages:  # one check per message, read once
+                (run if owner.owns(message._partition, message._token) else fenced).append(message)
+            self._dispatcher.start(run)
             messages = []
             for message in fenced:  # each may let another start: no recursion
                 messages += self._settler.withdraw(message)
