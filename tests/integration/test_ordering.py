@@ -479,14 +479,15 @@ async def test_partition_rights_are_sticky_as_members_join_leave_and_crash(
     member that leaves or crashes gives up only its own; each member that stays
     keeps everything it owned, and the shares stay even."""
     topic = await client.create_topic("sticky", partitions=16)
+    await client.create_subscription("sticky-sub", topic="sticky", enable_message_ordering=True)
     backend = client._backend
 
     async def beat(member: str, lease_ms: int = 30_000) -> set[int]:
         """Heartbeats of ``member`` until it has handed back what is another's."""
-        ownership = await backend.own_partitions(topic, "g", member, lease_ms)
+        ownership = await backend.own_partitions(topic, "sticky-sub", member, lease_ms)
         if ownership.hand_back:
             ownership = await backend.own_partitions(
-                topic, "g", member, lease_ms, release=sorted(ownership.hand_back)
+                topic, "sticky-sub", member, lease_ms, release=sorted(ownership.hand_back)
             )
         return set(ownership.owned)
 
@@ -510,7 +511,7 @@ async def test_partition_rights_are_sticky_as_members_join_leave_and_crash(
     assert sorted(len(p) for p in fourth.values()) == [5, 5, 6]
     for member in "abc":
         assert fourth[member] >= third[member]  # only the crashed member's moved
-    await backend.own_partitions(topic, "g", "c", 30_000, leave=True)
+    await backend.own_partitions(topic, "sticky-sub", "c", 30_000, leave=True)
     fifth = await settle("a", "b")
     assert sorted(len(p) for p in fifth.values()) == [8, 8]
     assert fifth["a"] >= fourth["a"]

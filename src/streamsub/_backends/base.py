@@ -24,6 +24,7 @@ __all__ = [
     "BrokenLinkError",
     "Link",
     "Ownership",
+    "OwnedRead",
     "Entry",
     "GroupInfo",
     "LeaseMode",
@@ -84,6 +85,15 @@ class Ownership:
     fenced: bool = False
     """Another subscriber took this member's name over (see ``instance`` in
     :meth:`Backend.own_partitions`): this one owns nothing and must stop."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OwnedRead:
+    """What a read of owned partitions (:meth:`Backend.read_owned`) brought."""
+
+    entries: list[Entry]
+    fenced: frozenset[int] = frozenset()
+    """Partitions not read: their fence holds another owner's token."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -266,6 +276,28 @@ class Backend(Protocol):
     ) -> list[Entry]:
         """Deliver up to ``count`` new entries per partition to ``consumer``, waiting up
         to ``block_ms`` for one to arrive (None: answer at once)."""
+        ...
+
+    async def fence(self, topic: TopicRecord, group: str, tokens: Mapping[int, int]) -> set[int]:
+        """A new owner's first step in partitions of an ordered subscription: from
+        now on Redis serves reads of each only under its fencing token (see
+        :meth:`read_owned`). Returns the partitions whose fence holds a larger
+        token already: a newer owner's, so this one must not read them."""
+        ...
+
+    async def read_owned(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        tokens: Mapping[int, int],
+        count: int,
+        block_ms: int | None,
+    ) -> OwnedRead:
+        """As :meth:`read`, for an owner of an ordered subscription's partitions
+        (partition -> its fencing token): a partition is read only while its
+        fence holds the token, atomically at the server, so that a read arriving
+        after the partition moved on takes nothing."""
         ...
 
     async def ack(

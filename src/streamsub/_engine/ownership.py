@@ -32,12 +32,16 @@ token.
   that took them over. A handler already running finishes, but its ack or
   nack settles nothing once the new owner has taken the message over
   (settling checks the delivery).
-- **Not fenced in Redis: reads.** As a Kafka consumer's fetches, an
-  ``XREADGROUP`` is not checked against the token at the server: a read at the
-  server when the partition moves (for at most its one-second block), or a
-  read request held in the network past a third of the lease, can still take
-  entries that are now another's. They go back unstarted, but the new owner
-  may have run later messages of their keys first (README, Partition ownership).
+- **Reads are fenced in Redis.** A new owner raises each partition's fence
+  (``Backend.fence``: a key in the partition's slot) to its token before it
+  takes anything over there, and the reader reads only through
+  ``Backend.read_owned``, which serves a partition only while its fence holds
+  the reader's token, atomically at the server: a read that arrives after the
+  partition moved on (held in the network, sent by a stalled owner) takes
+  nothing, and reports the partition fenced; the stale owner gives it up
+  (:meth:`PartitionOwner.fenced_out`). A fence holding a larger token at take
+  time means the same. The sweeps of owned partitions are fenced by the clock
+  only, as above.
 """
 
 from __future__ import annotations
@@ -296,13 +300,38 @@ class PartitionOwner:
             task.cancel()
         self._assignment.set([], valid_until=0.0)
 
+    def fenced_out(self, partitions: list[int]) -> None:
+        """Redis refused to serve ``partitions`` under our tokens: their fences hold
+        a newer owner's. Stop reading them, give back what waits there, and
+        release them at the next heartbeat (the renewal decides who owns them
+        next, under a new token)."""
+        mine = [p for p in partitions if p in self.owned and p not in self._handing_back]
+        if not mine:
+            return
+        log.warning(
+            "streamsub: subscriber %r found partitions %s of %r fenced by a newer owner; "
+            "it gives them up",
+            self._consumer,
+            mine,
+            self._group,
+        )
+        self._handing_back.update(mine)
+        self._hand_over(mine)
+        self._assign()
+        self._wake.set()
+
     async def _take(self, partitions: list[int]) -> None:
-        """Take over what is pending in newly owned partitions, then read them (not
-        before: a later message of a key must not overtake a pending one)."""
+        """Raise the partitions' fences to our tokens, take over what is pending in
+        them, then read them (not before: a later message of a key must not
+        overtake a pending one)."""
         errors = Backoff()
         while not self._stopping:
             try:
-                await self._take_over(partitions)
+                tokens = {p: self.owned[p] for p in partitions if p in self.owned}
+                stale = await self._backend.fence(self._topic, self._group, tokens)
+                if stale:
+                    self.fenced_out(sorted(stale))
+                await self._take_over([p for p in partitions if p in tokens and p not in stale])
                 break
             except NotFoundError:
                 return  # the subscription is gone: the reader says so
@@ -320,12 +349,13 @@ class PartitionOwner:
     async def leave(self) -> None:
         """Release every partition and the membership (acks are sent by now)."""
         if not self.fenced:
-            await self._backend.own_partitions(
-                self._topic,
-                self._group,
-                self._consumer,
-                int(self._lease * 1000),
-                leave=True,
-                instance=self._instance,
-            )
+            with contextlib.suppress(NotFoundError):  # deleted: nothing to release
+                await self._backend.own_partitions(
+                    self._topic,
+                    self._group,
+                    self._consumer,
+                    int(self._lease * 1000),
+                    leave=True,
+                    instance=self._instance,
+                )
         self.owned = {}

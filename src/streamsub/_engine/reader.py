@@ -15,12 +15,16 @@ On an ordered subscription a read that fails with its outcome unknown (a
 timeout, a reset) may have been run by the server, its entries now pending for
 this subscriber unseen: before it reads those partitions again, the reader
 takes back everything pending there (``recover``), so that no later message of
-their keys overtakes them.
+their keys overtakes them. Its reads are fenced (``Backend.read_owned``): Redis
+serves a partition only under the fencing token its owner holds now, so a read
+that arrives after the partition moved on (held in the network, sent by a
+stalled subscriber) takes nothing; the partitions it names are ``fenced``: the
+owner gives them up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from .._backends.base import Backend, Entry, TopicRecord
 from .._core.flow import Grant
@@ -51,6 +55,8 @@ class Reader:
         share: int,
         first_partition: int = 0,
         recover: Callable[[list[int]], Awaitable[None]] | None = None,
+        tokens: Callable[[], Mapping[int, int]] | None = None,
+        fenced: Callable[[list[int]], None] = lambda partitions: None,
     ) -> None:
         self._backend = backend
         self._topic = topic
@@ -64,6 +70,8 @@ class Reader:
         self._polled_empty = 0
         """Partitions polled without finding anything since the last entry."""
         self._recover = recover
+        self._tokens = tokens
+        self._fenced = fenced
         self._unknown: set[int] = set()
         """Partitions of failed reads whose entries may be pending here unseen."""
         self._stopping = False
@@ -116,9 +124,7 @@ class Reader:
             self.reading = True
             self.partitions_read = frozenset(partitions)
             try:
-                entries = await self._backend.read(
-                    self._topic, self._group, self._consumer, partitions, count, block_ms
-                )
+                entries = await self._read(partitions, count, block_ms)
             except BaseException as exc:
                 self.reading = False
                 self.partitions_read = frozenset()
@@ -139,3 +145,19 @@ class Reader:
                 self._deliver(entries, grant)
             else:
                 inventory.unreserve(grant)
+
+    async def _read(self, partitions: list[int], count: int, block_ms: int | None) -> list[Entry]:
+        if self._tokens is None:
+            return await self._backend.read(
+                self._topic, self._group, self._consumer, partitions, count, block_ms
+            )
+        owned = self._tokens()
+        tokens = {p: owned[p] for p in partitions if p in owned}
+        if not tokens:
+            return []
+        read = await self._backend.read_owned(
+            self._topic, self._group, self._consumer, tokens, count, block_ms
+        )
+        if read.fenced:
+            self._fenced(sorted(read.fenced))
+        return read.entries

@@ -201,6 +201,8 @@ class Receiver:
                 share=share,
                 first_partition=i * topic.partitions // READERS,
                 recover=self._reclaimer.recover if ordered else None,
+                tokens=self._owned_tokens if ordered else None,
+                fenced=self._fenced,
             )
             for i in range(1 if ordered else READERS)
         ]
@@ -394,6 +396,13 @@ class Receiver:
         """Partitions are being handed over: give back what waits there unstarted."""
         for message in self._inventory.take_waiting(partitions):
             self._settler.release(message)
+
+    def _owned_tokens(self) -> dict[int, int]:
+        return self._owner.owned if self._owner is not None else {}
+
+    def _fenced(self, partitions: list[int]) -> None:
+        if self._owner is not None:
+            self._owner.fenced_out(partitions)
 
     def _token(self, partition: int) -> int:
         return self._owner.owned.get(partition, 0) if self._owner is not None else 0

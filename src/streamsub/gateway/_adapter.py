@@ -908,14 +908,11 @@ class Puller:
             self.reading = frozenset()
 
     async def _read_some(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
-        view = self.view
         entries: list[Entry] = []
         block = block_ms
         while True:
             count = budget // len(partitions)
-            got = await self._adapter._backend.read(
-                view.topic, view.name, self.consumer, partitions, count, max(1, block)
-            )
+            got = await self._read_once(partitions, count, max(1, block))
             entries += got
             budget -= len(got)
             # Partitions that gave all they were asked may hold more: ask them
@@ -926,6 +923,27 @@ class Puller:
             if not partitions:
                 return entries
             block = 1
+
+    async def _read_once(self, partitions: list[int], count: int, block_ms: int) -> list[Entry]:
+        view, backend = self.view, self._adapter._backend
+        if not view.ordering:
+            return await backend.read(
+                view.topic, view.name, self.consumer, partitions, count, block_ms
+            )
+        # Owned partitions are read under their fencing tokens (see
+        # streamsub._engine.ownership): a read that reaches Redis after one
+        # moved to another gateway takes nothing there.
+        membership = self._adapter._memberships.get(view.name)
+        owned = {} if membership is None else membership.owned
+        tokens = {p: owned[p] for p in partitions if p in owned}
+        if not tokens:
+            return []
+        read = await backend.read_owned(
+            view.topic, view.name, self.consumer, tokens, count, block_ms
+        )
+        if read.fenced and membership is not None:
+            membership.fenced_out(sorted(read.fenced))
+        return read.entries
 
     async def _reclaim(self, budget: int) -> list[Received]:
         view = self.view

@@ -94,6 +94,10 @@ class Membership:
         """Partition -> fencing token, as of the last heartbeat."""
         return dict(self._owner.owned)
 
+    def fenced_out(self, partitions: list[int]) -> None:
+        """Redis refused to serve ``partitions`` under our tokens: give them up."""
+        self._owner.fenced_out(partitions)
+
     async def _take_over(self, partitions: list[int]) -> None:
         # The sweep is the readers' (within their flow control), not done here:
         # a partition is read only once its sweep is over.

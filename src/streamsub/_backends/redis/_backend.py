@@ -47,6 +47,7 @@ from ..base import (
     LeaseMode,
     Link,
     NackItem,
+    OwnedRead,
     Ownership,
     Reclaimed,
     ReclaimState,
@@ -273,6 +274,8 @@ class RedisBackend:
         self._claim_entries = _Script(_script("claim_entries.lua"))
         self._stats = _Script(_script("stats.lua"))
         self._own = _Script(_script("own.lua"))
+        self._fence = _Script(_script("fence.lua"))
+        self._read_owned = _Script(_script("read_owned.lua"))
         self._hold = _Script(_script("snapshot.lua", ids=True))
         self._partition_tags: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
         self._stream_keys: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
@@ -590,6 +593,7 @@ class RedisBackend:
                     pipe.delete(
                         _keys.delay_key(self._tags(topic)[partition], record.name),
                         _keys.times_key(self._tags(topic)[partition], record.name),
+                        _keys.fence_key(self._tags(topic)[partition], record.name),
                     )
                 # One key per DEL: on a cluster the records live in other slots.
                 pipe.delete(_keys.subscription_key(record.name))
@@ -772,6 +776,59 @@ class RedisBackend:
             for entry_id, fields in items:
                 entries.append(Entry(partition, entry_id.decode(), fields, 1))
         return entries
+
+    async def fence(self, topic: TopicRecord, group: str, tokens: Mapping[int, int]) -> set[int]:
+        tags = self._tags(topic)
+        calls = [(p, [_keys.fence_key(tags[p], group)], [token]) for p, token in tokens.items()]
+        with self._errors():
+            replies = await self._evalsha_many(self._fence, calls)
+        return {p for (p, _, _), held in zip(calls, replies, strict=True) if not int(held)}
+
+    def _read_owned_call(
+        self, topic: TopicRecord, group: str, partitions: Sequence[int]
+    ) -> list[str]:
+        keys, tags = self._keys(topic), self._tags(topic)
+        return [k for p in partitions for k in (keys[p], _keys.fence_key(tags[p], group))]
+
+    def _owned_entries(
+        self, partitions: Sequence[int], reply: Sequence[Any]
+    ) -> tuple[list[Entry], set[int], dict[int, bytes]]:
+        """A read_owned.lua reply: (entries, fenced partitions, partition -> last id)."""
+        fenced, read, last = reply
+        entries = [
+            Entry(partitions[int(read[i]) - 1], entry_id.decode(), fields, 1)
+            for i in range(0, len(read), 2)
+            for entry_id, fields in read[i + 1]
+        ]
+        newest = {partitions[int(last[i]) - 1]: last[i + 1] for i in range(0, len(last), 2)}
+        return entries, {partitions[int(i) - 1] for i in fenced}, newest
+
+    async def read_owned(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        tokens: Mapping[int, int],
+        count: int,
+        block_ms: int | None,
+    ) -> OwnedRead:
+        # A script cannot block: the fenced read answers at once, and when it
+        # found nothing a plain XREAD (no group: it delivers nothing) waits for
+        # an entry after each stream's newest, then the fenced read runs again.
+        partitions = list(tokens)
+        keys = self._read_owned_call(topic, group, partitions)
+        args = [group, consumer, count, *tokens.values()]
+        with self._errors():
+            reply = await self._evalsha(self._read_owned, keys, args)
+            entries, fenced, newest = self._owned_entries(partitions, reply)
+            if entries or not block_ms or not newest:
+                return OwnedRead(entries, frozenset(fenced))
+            streams = {self._keys(topic)[p]: after for p, after in newest.items()}
+            if not await self._redis.xread(streams, count=1, block=block_ms):
+                return OwnedRead([], frozenset(fenced))
+            reply = await self._evalsha(self._read_owned, keys, args)
+        entries, more_fenced, _ = self._owned_entries(partitions, reply)
+        return OwnedRead(entries, frozenset(fenced | more_fenced))
 
     async def ack(
         self,
@@ -965,10 +1022,22 @@ class RedisBackend:
             "1" if take else "0",
             "1" if claim else "0",
             instance,
+            "0",
         ]
         args.extend(release)
         with self._errors():
-            owned, give, members, waiting, fenced = await self._evalsha(self._own, keys, args)
+            reply = await self._evalsha(self._own, keys, args)
+            if int(reply[5]):
+                # No records: the subscription was deleted (they went with it),
+                # or they were never made (its first member, or none left).
+                if leave or not await self._redis.exists(_keys.subscription_key(group)):
+                    raise SubscriptionNotFoundError(
+                        f"subscription {group!r} was deleted while its subscribers kept "
+                        "partition ownership: create it again with create_subscription()"
+                    )
+                args[7] = "1"
+                reply = await self._evalsha(self._own, keys, args)
+        owned, give, members, waiting, fenced, _ = reply
         return Ownership(
             owned={int(owned[i]): int(owned[i + 1]) for i in range(0, len(owned), 2)},
             hand_back=frozenset(int(p) for p in give),

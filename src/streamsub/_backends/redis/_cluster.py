@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import os
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis.exceptions as rexc
@@ -62,7 +62,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._errors import BackendError, InvalidArgumentError, UnavailableError
 from ..._settings import Durability
-from ..base import Entry, ServerInfo, TopicRecord
+from ..base import Entry, OwnedRead, ServerInfo, TopicRecord
 from . import _keys
 from ._backend import (
     HEALTH_CHECK_INTERVAL,
@@ -483,35 +483,76 @@ class RedisClusterBackend(RedisBackend):
         block_ms: int | None,
     ) -> list[Entry]:
         keys = self._keys(topic)
+
+        async def poll() -> OwnedRead:
+            async with self._redis.pipeline() as pipe:
+                for p in partitions:
+                    # The node named: redis-py would otherwise ask the server
+                    # for XREADGROUP's keys (COMMAND GETKEYS) before each one.
+                    pipe.execute_command(
+                        "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
+                        "STREAMS", keys[p], ">",
+                        target_nodes=self._redis.get_node_from_key(keys[p]),
+                    )  # fmt: skip
+                replies = await pipe.execute()
+            return OwnedRead(
+                [
+                    Entry(p, entry_id.decode(), fields, 1)
+                    for p, reply in zip(partitions, replies, strict=True)
+                    if reply
+                    for _, items in reply
+                    for entry_id, fields in items
+                ]
+            )
+
+        return (await self._polled((topic.name, group, consumer), block_ms, poll)).entries
+
+    async def read_owned(
+        self,
+        topic: TopicRecord,
+        group: str,
+        consumer: str,
+        tokens: Mapping[int, int],
+        count: int,
+        block_ms: int | None,
+    ) -> OwnedRead:
+        calls = [
+            (p, self._read_owned_call(topic, group, [p]), [group, consumer, count, token])
+            for p, token in tokens.items()
+        ]
+
+        async def poll() -> OwnedRead:
+            entries: list[Entry] = []
+            fenced: set[int] = set()
+            replies = await self._evalsha_many(self._read_owned, calls)
+            for (p, _, _), reply in zip(calls, replies, strict=True):
+                read, fenced_here, _ = self._owned_entries([p], reply)
+                entries.extend(read)
+                fenced |= fenced_here
+            return OwnedRead(entries, frozenset(fenced))
+
+        return await self._polled((topic.name, group, consumer), block_ms, poll)
+
+    async def _polled(
+        self,
+        idle_key: tuple[str, str, str],
+        block_ms: int | None,
+        poll: Callable[[], Awaitable[OwnedRead]],
+    ) -> OwnedRead:
+        """``poll()`` until it brings entries or reports fenced partitions, or the
+        block time is over (see the module docstring, Reading)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (block_ms or 0) / 1000
-        idle_key = (topic.name, group, consumer)
         while True:
             with self._errors():
                 await self._redis.initialize()  # at once when it is
-                async with self._redis.pipeline() as pipe:
-                    for p in partitions:
-                        # The node named: redis-py would otherwise ask the server
-                        # for XREADGROUP's keys (COMMAND GETKEYS) before each one.
-                        pipe.execute_command(
-                            "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
-                            "STREAMS", keys[p], ">",
-                            target_nodes=self._redis.get_node_from_key(keys[p]),
-                        )  # fmt: skip
-                    replies = await pipe.execute()
-            entries = [
-                Entry(p, entry_id.decode(), fields, 1)
-                for p, reply in zip(partitions, replies, strict=True)
-                if reply
-                for _, items in reply
-                for entry_id, fields in items
-            ]
+                result = await poll()
             left = deadline - loop.time()
-            if entries:
+            if result.entries or result.fenced:
                 self._idle.pop(idle_key, None)
-                return entries
+                return result
             if left <= 0:
-                return entries
+                return result
             # Idle: wait longer after each empty poll, also across reads.
             wait = self._idle.get(idle_key, IDLE_POLL_FIRST)
             self._idle[idle_key] = min(wait * 2, IDLE_POLL_MAX)

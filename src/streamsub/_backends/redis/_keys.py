@@ -25,6 +25,7 @@ __all__ = [
     "delay_key",
     "claims_key",
     "dropped_key",
+    "fence_key",
     "holds_key",
     "labels_key",
     "link_key",
@@ -93,6 +94,13 @@ def times_key(tag: str, group: str) -> str:
     """The hash of a group's first and last delivery times (``first:last`` ms) of
     entries that were nacked; it shares the stream's tag."""
     return f"ss:{{{tag}}}:times:{group}"
+
+
+def fence_key(tag: str, group: str) -> str:
+    """The fencing token of the owner of an ordered subscription's partition, the
+    only one whose reads of it Redis serves (fence.lua); it shares the stream's
+    tag."""
+    return f"ss:{{{tag}}}:fence:{group}"
 
 
 def seek_key(tag: str, group: str) -> str:

@@ -30,26 +30,48 @@
 -- leave (release everything, stop being a member), ARGV[5]: "1" to take free
 -- partitions that are the member's by right ("0" while it stops: it keeps and
 -- renews what it owns, takes nothing new), ARGV[6]: "1" to claim the name,
--- ARGV[7]: the instance ('' for none: no check), ARGV[8..]: partitions to
--- release.
+-- ARGV[7]: the instance ('' for none: no check), ARGV[8]: "1" to create the
+-- records if they are missing, ARGV[9..]: partitions to release.
 -- Returns {{p, token, ...} owned, {p, ...} to hand back, members, waiting,
--- fenced}: "waiting" counts the partitions that are this member's by right but
--- still held by another live owner.
+-- fenced, gone}: "waiting" counts the partitions that are this member's by
+-- right but still held by another live owner; "gone" (1) says the records are
+-- missing and ARGV[8] was not "1": nothing was written. The owners hash lives
+-- as long as the subscription ("v" marks it), so a member of a subscription
+-- deleted meanwhile (its records deleted with it) writes nothing back.
 redis.replicate_commands()
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local me, lease, count = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local leaving, taking = ARGV[4] == '1', ARGV[5] == '1'
 local claiming, instance = ARGV[6] == '1', ARGV[7]
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  if ARGV[8] ~= '1' then
+    return {{}, {}, 0, 0, 0, 1}
+  end
+  redis.call('HSET', KEYS[2], 'v', '1')
+end
+-- A new fencing token for partition p: larger than any handed out before, and
+-- at least the server clock (ms), so that tokens keep growing even where this
+-- hash lost its last writes (a failover to a replica that was behind): the
+-- fences in the partitions' own slots (fence.lua) hold the tokens last used.
+local function new_token(p)
+  local token = redis.call('HINCRBY', KEYS[2], 't' .. p, 1)
+  if token < now then
+    token = now
+    redis.call('HSET', KEYS[2], 't' .. p, string.format('%d', now))
+  end
+  return string.format('%d', token)
+end
+
 local release = {}
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   release[tonumber(ARGV[i])] = true
 end
 
 if instance ~= '' then
   local holder = redis.call('HGET', KEYS[2], 'i:' .. me)
   if holder and holder ~= instance and not claiming then
-    return {{}, {}, redis.call('ZCARD', KEYS[1]), 0, 1}
+    return {{}, {}, redis.call('ZCARD', KEYS[1]), 0, 1, 0}
   end
   if holder ~= instance then
     redis.call('HSET', KEYS[2], 'i:' .. me, instance)
@@ -58,8 +80,7 @@ if instance ~= '' then
       if value then
         local owner, _, expiry = string.match(value, '^(.*) (%d+) (%d+)$')
         if owner == me then
-          local new = redis.call('HINCRBY', KEYS[2], 't' .. p, 1)
-          redis.call('HSET', KEYS[2], p, me .. ' ' .. new .. ' ' .. expiry)
+          redis.call('HSET', KEYS[2], p, me .. ' ' .. new_token(p) .. ' ' .. expiry)
         end
       end
     end
@@ -161,14 +182,14 @@ for p = 0, count - 1 do
     else
       redis.call('HSET', KEYS[2], p, me .. ' ' .. token .. ' ' .. (now + lease))
       owned[#owned + 1] = p
-      owned[#owned + 1] = tonumber(token)
+      owned[#owned + 1] = token
       if rightful ~= me then
         give[#give + 1] = p
       end
     end
   elseif rightful == me and not leaving then
     if (owner == nil or expiry < now) and taking then
-      local new = redis.call('HINCRBY', KEYS[2], 't' .. p, 1)
+      local new = new_token(p)
       redis.call('HSET', KEYS[2], p, me .. ' ' .. new .. ' ' .. (now + lease))
       owned[#owned + 1] = p
       owned[#owned + 1] = new
@@ -180,4 +201,4 @@ end
 -- The owners hash stays (its token counters must only grow); deleting the
 -- subscription deletes it.
 redis.call('PEXPIRE', KEYS[1], lease * 10)
-return {owned, give, #members, waiting, 0}
+return {owned, give, #members, waiting, 0, 0}
