@@ -96,3 +96,32 @@ async def test_a_token_is_never_handed_out_twice_even_after_the_records_lost_wri
     served = await backend.read_owned(topic, "billing", "b", b, 1000, None)
     assert served.fenced == frozenset()
     assert len(served.entries) == len(KEYS) * 10
+
+
+async def test_a_stale_tokens_sweep_takes_nothing_over(client: streamsub.Client) -> None:
+    """Entries of three partitions pending for consumer x, idle or not, nacked
+    ones parked: a sweep under a deposed owner's tokens (min idle 0, parked ones
+    included, as a take-over sweeps) claims nothing and reports every partition
+    fenced; the owner's sweep takes them all."""
+    await ordered(client, partitions=3)
+    backend = client._backend
+    topic = await backend.get_topic("orders")
+    assert topic is not None
+    await client.publish_many("orders", keyed(KEYS, 0, 8))
+    await backend.fence(topic, "billing", dict.fromkeys(range(3), 9))
+    held = await backend.read_owned(topic, "billing", "x", dict.fromkeys(range(3), 9), 1000, None)
+    assert len(held.entries) == len(KEYS) * 8
+    cursors = dict.fromkeys(range(3), "-")
+
+    found, after = await backend.reclaim(
+        topic, "billing", "old", cursors, 0, 1000, 0, take_parked=True, tokens={0: 8, 1: 8, 2: 8}
+    )
+    assert found == []
+    assert after == dict.fromkeys(range(3), "fenced")
+    groups = await backend.group_info(topic, "billing")
+    assert sum(g.pending for g in groups) == len(KEYS) * 8
+    found, after = await backend.reclaim(
+        topic, "billing", "new", cursors, 0, 1000, 0, take_parked=True, tokens={0: 9, 1: 9, 2: 9}
+    )
+    assert len(found) == len(KEYS) * 8
+    assert set(after.values()) == {"0-0"}

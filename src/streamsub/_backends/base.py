@@ -19,6 +19,7 @@ from .._core.stats import PartitionCounts
 from .._errors import BackendError, StreamsubError
 
 __all__ = [
+    "FENCED",
     "PARKED_CONSUMER",
     "Backend",
     "BrokenLinkError",
@@ -37,6 +38,10 @@ __all__ = [
     "TopicRecord",
 ]
 
+
+FENCED = "fenced"
+"""The cursor :meth:`Backend.reclaim` returns for a partition fenced by a newer
+owner."""
 
 PARKED_CONSUMER = "streamsub.delayed"
 """The consumer name delayed nacks wait under (see nack.lua): not for subscribers."""
@@ -346,6 +351,7 @@ class Backend(Protocol):
         skip: Mapping[int, Sequence[str]] | None = None,
         *,
         take_parked: bool = False,
+        tokens: Mapping[int, int] | None = None,
     ) -> tuple[list[Reclaimed], dict[int, str]]:
         """Claim up to ``count`` entries per partition idle >= ``min_idle_ms``,
         scanning from each cursor (``"-"`` starts a sweep); return them and the next
@@ -353,7 +359,10 @@ class Backend(Protocol):
         limit) come back exhausted, held but not counted as delivered again.
         Entries in ``skip`` (still in this consumer's hands) are left alone.
         Nacked entries whose backoff runs are left alone too, unless
-        ``take_parked`` (a new owner of an ordered partition takes everything)."""
+        ``take_parked`` (a new owner of an ordered partition takes everything).
+        With ``tokens`` (an owner of ordered partitions: partition -> fencing
+        token), a partition whose fence holds another token is not swept: its
+        cursor comes back :data:`FENCED`."""
         ...
 
     async def ack_owned(

@@ -40,8 +40,8 @@ token.
   partition moved on (held in the network, sent by a stalled owner) takes
   nothing, and reports the partition fenced; the stale owner gives it up
   (:meth:`PartitionOwner.fenced_out`). A fence holding a larger token at take
-  time means the same. The sweeps of owned partitions are fenced by the clock
-  only, as above.
+  time means the same. The reclaimer's sweeps (the take-over's too) are fenced
+  as reads are.
 """
 
 from __future__ import annotations

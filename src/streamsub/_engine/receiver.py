@@ -165,6 +165,8 @@ class Receiver:
             max_attempts=max_attempts if dead_letter_topic is not None else 0,
             consumer_expiry=consumer_expiry,
             clock=clock,
+            tokens=self._owned_tokens if ordered else None,
+            fenced=self._fenced,
         )
         self._settler = Settler(
             **common,

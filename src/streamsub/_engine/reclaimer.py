@@ -6,7 +6,9 @@ quarter ack deadline, so a crashed consumer's messages come back within 1.25
 ack deadlines, and sooner when a nack is due. It reserves flow-control budget
 like a reader, asking for priority when idle reads hold it all; the entries its
 own handlers still hold are left alone. Every so often it also deletes the
-group's consumers that are idle and hold nothing.
+group's consumers that are idle and hold nothing. On an ordered subscription
+its sweeps are fenced as reads are (``tokens``): a partition whose fence holds
+a newer owner's token is not swept but reported ``fenced``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .. import metrics
-from .._backends.base import Backend, Reclaimed, TopicRecord
+from .._backends.base import FENCED, Backend, Reclaimed, TopicRecord
 from .._core.flow import Grant
 from .._errors import NotFoundError, StreamsubError
 from ._inventory import Counters, Inventory
@@ -54,10 +56,14 @@ class Reclaimer:
         consumer_expiry: float,
         assignment: Assignment,
         clock: Callable[[], float],
+        tokens: Callable[[], Mapping[int, int]] | None = None,
+        fenced: Callable[[list[int]], None] = lambda partitions: None,
     ) -> None:
         self._backend = backend
         self._topic = topic
         self._group = group
+        self._tokens = tokens
+        self._fenced = fenced
         self._consumer = consumer
         self._inventory = inventory
         self._counters = counters
@@ -178,6 +184,7 @@ class Reclaimer:
                     # it again would count a delivery that does not happen.
                     inventory.held_ids(),
                     take_parked=take_parked,
+                    tokens=None if self._tokens is None else self._tokens(),
                 )
             except BaseException:
                 inventory.unreserve(grant)
@@ -211,7 +218,10 @@ class Reclaimer:
                 if item.state == "lost":
                     inventory.unblock(item.entry.partition, item.entry.entry_id)
             cursors.update(next_cursors)
-            cursors = {p: c for p, c in cursors.items() if c != "0-0"}
+            fenced = sorted(p for p, c in cursors.items() if c == FENCED)
+            if fenced:
+                self._fenced(fenced)
+            cursors = {p: c for p, c in cursors.items() if c not in ("0-0", FENCED)}
         if inventory.blocking and not self._stopping:
             await self._check_blocking()
 

@@ -30,10 +30,11 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .. import metrics
 from .._backends.base import (
+    FENCED,
     Backend,
     Entry,
     LeaseMode,
@@ -933,8 +934,8 @@ class Puller:
         # Owned partitions are read under their fencing tokens (see
         # streamsub._engine.ownership): a read that reaches Redis after one
         # moved to another gateway takes nothing there.
-        membership = self._adapter._memberships.get(view.name)
-        owned = {} if membership is None else membership.owned
+        membership = self._adapter.membership(view.name)
+        owned = self._tokens(membership) or {}
         tokens = {p: owned[p] for p in partitions if p in owned}
         if not tokens:
             return []
@@ -961,6 +962,7 @@ class Puller:
         scan = dict(itertools.islice(self._cursors.items(), budget))
         count = max(1, budget // len(scan))
         attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
+        membership = adapter.membership(view.name) if view.ordering else None
         found, cursors = await adapter._backend.reclaim(
             view.topic,
             view.name,
@@ -969,12 +971,14 @@ class Puller:
             int(view.ack_deadline * 1000),
             count,
             attempts,
+            tokens=self._tokens(membership),
         )
         for partition, cursor in cursors.items():
-            if cursor == "0-0":
+            if cursor in ("0-0", FENCED):
                 del self._cursors[partition]
             else:
                 self._cursors[partition] = cursor
+        self._fenced_out(membership, cursors)
         if not self._cursors:
             self._end_sweep()
         return await self._claimed(found)
@@ -1001,10 +1005,25 @@ class Puller:
             attempts,
             {} if table is None else table.ids_of(scan),  # this gateway's own deliveries
             take_parked=True,
+            tokens=self._tokens(membership),
         )
         for partition in scan:
-            membership.swept(partition, cursors.get(partition, "0-0"))
+            cursor = cursors.get(partition, "0-0")
+            membership.swept(partition, "0-0" if cursor == FENCED else cursor)
+        self._fenced_out(membership, cursors)
         return await self._claimed(found)
+
+    def _tokens(self, membership: Membership | None) -> dict[int, int] | None:
+        """An ordered subscription's fencing tokens (see ``_read_once``)."""
+        if not self.view.ordering:
+            return None
+        return {} if membership is None else membership.owned
+
+    @staticmethod
+    def _fenced_out(membership: Membership | None, cursors: Mapping[int, str]) -> None:
+        fenced = sorted(p for p, cursor in cursors.items() if cursor == FENCED)
+        if fenced and membership is not None:
+            membership.fenced_out(fenced)
 
     async def _claimed(self, found: Sequence[Reclaimed]) -> list[Received]:
         view = self.view

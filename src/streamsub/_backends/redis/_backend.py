@@ -905,12 +905,14 @@ class RedisBackend:
         skip: Mapping[int, Sequence[str]] | None = None,
         *,
         take_parked: bool = False,
+        tokens: Mapping[int, int] | None = None,
     ) -> tuple[list[Reclaimed], dict[int, str]]:
         skip = skip or {}
         calls = [
             (
                 p,
-                self._companions(topic, p, group),
+                self._companions(topic, p, group)
+                + ([_keys.fence_key(self._tags(topic)[p], group)] if tokens is not None else []),
                 [
                     group,
                     consumer,
@@ -920,6 +922,7 @@ class RedisBackend:
                     max_attempts,
                     " ".join(skip.get(p, ())),
                     "1" if take_parked else "0",
+                    *([tokens.get(p, 0)] if tokens is not None else []),
                 ],
             )
             for p, cursor in cursors.items()

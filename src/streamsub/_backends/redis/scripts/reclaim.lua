@@ -22,6 +22,13 @@
 -- {id, fields or false, delivery count, first delivery ms, last delivery ms, state}
 -- with state 0 = deliver (its count was incremented), 1 = exhausted (held for
 -- dead-lettering, count unchanged), 2 = lost (trimmed while pending; now acked).
+-- With KEYS[4] (an ordered subscription's partition fence, see fence.lua) and
+-- ARGV[9] (the sweeper's fencing token), the sweep runs only while the fence
+-- holds that token, and returns {'fenced', {}} otherwise: a deposed owner's
+-- sweep takes nothing from the new owner.
+if KEYS[4] and redis.call('GET', KEYS[4]) ~= ARGV[9] then
+  return {'fenced', {}}
+end
 local key, delays, times = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer = ARGV[1], ARGV[2]
 local min_idle, start = tonumber(ARGV[3]), ARGV[4]
