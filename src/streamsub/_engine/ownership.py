@@ -129,7 +129,7 @@ class PartitionOwner:
         consumer: str,
         assignment: Assignment,
         busy: Callable[[int], bool],
-        take_over: Callable[[list[int]], Awaitable[None]],
+        take_over: Callable[[list[int]], Awaitable[list[int]]],
         hand_over: Callable[[list[int]], None] = lambda partitions: None,
         clock: Callable[[], float],
         lease: float = OWNERSHIP_LEASE,
@@ -325,20 +325,34 @@ class PartitionOwner:
         them, then read them (not before: a later message of a key must not
         overtake a pending one)."""
         errors = Backoff()
+        left = partitions
         while not self._stopping:
             try:
-                tokens = {p: self.owned[p] for p in partitions if p in self.owned}
+                tokens = {p: self.owned[p] for p in left if p in self.owned}
                 stale = await self._backend.fence(self._topic, self._group, tokens)
                 if stale:
                     self.fenced_out(sorted(stale))
-                await self._take_over([p for p in partitions if p in tokens and p not in stale])
-                break
+                left = [p for p in left if p in tokens and p not in stale]
+                # A sweep cut short (our lease may have run out meanwhile) is
+                # done again once a renewal says the partitions are still ours.
+                left = [p for p in await self._take_over(left) if p in self.owned]
+                if not left:
+                    break
+                await self._renewed(left)
             except NotFoundError:
                 return  # the subscription is gone: the reader says so
             except StreamsubError as exc:
                 await errors.wait("taking over partitions", exc)
         self._taking.difference_update(partitions)
         self._assign()
+
+    async def _renewed(self, partitions: list[int]) -> None:
+        """Wait until ``partitions`` are surely ours again, or none of them is ours."""
+        while not self._stopping:
+            owned = self.surely_owned()
+            if any(p in owned for p in partitions) or not any(p in self.owned for p in partitions):
+                return
+            await asyncio.sleep(self._lease / 10)
 
     def _assign(self) -> None:
         # Partitions being handed over are neither read nor swept: what waits or

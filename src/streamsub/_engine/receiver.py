@@ -400,7 +400,9 @@ class Receiver:
             self._settler.release(message)
 
     def _owned_tokens(self) -> dict[int, int]:
-        return self._owner.owned if self._owner is not None else {}
+        """The partitions surely ours now, with their fencing tokens: reads and
+        sweeps name no other."""
+        return self._owner.surely_owned() if self._owner is not None else {}
 
     def _fenced(self, partitions: list[int]) -> None:
         if self._owner is not None:

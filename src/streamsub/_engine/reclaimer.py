@@ -135,11 +135,12 @@ class Reclaimer:
         reads."""
         await self._pass(self._assignment.swept, self._min_idle_ms, take_parked=False)
 
-    async def take_over(self, partitions: list[int]) -> None:
+    async def take_over(self, partitions: list[int]) -> list[int]:
         """Take every entry still pending in ``partitions`` (newly owned), idle or
         not, nacked ones whose backoff runs included (so that no later message of
-        their key overtakes them), but for those this subscriber holds."""
-        await self._pass(partitions, 0, take_parked=True)
+        their key overtakes them), but for those this subscriber holds. Returns
+        the partitions whose sweep was cut short: no longer surely ours."""
+        return await self._pass(partitions, 0, take_parked=True)
 
     async def recover(self, partitions: list[int]) -> None:
         """Take back every entry pending in ``partitions``, idle or not, but for
@@ -147,10 +148,12 @@ class Reclaimer:
         whose reply was lost may have delivered them here."""
         await self._pass(partitions, 0, take_parked=False)
 
-    async def _pass(self, partitions: list[int], min_idle_ms: int, *, take_parked: bool) -> None:
+    async def _pass(
+        self, partitions: list[int], min_idle_ms: int, *, take_parked: bool
+    ) -> list[int]:
         self._sweeping.update(partitions)
         try:
-            await self._sweep(partitions, min_idle_ms, take_parked)
+            return await self._sweep(partitions, min_idle_ms, take_parked)
         finally:
             self._sweeping.subtract(partitions)
 
@@ -158,12 +161,23 @@ class Reclaimer:
         """Whether a sweep of ``partition`` is under way."""
         return self._sweeping[partition] > 0
 
-    async def _sweep(self, partitions: list[int], min_idle_ms: int, take_parked: bool) -> None:
+    async def _sweep(self, partitions: list[int], min_idle_ms: int, take_parked: bool) -> list[int]:
+        """Sweep ``partitions``; return those cut short (no longer surely ours)."""
         max_attempts = self._max_attempts
         inventory = self._inventory
         cursors = dict.fromkeys(partitions, "-")
+        cut: list[int] = []
         while cursors and not self._stopping:
             grant = await inventory.reserve(RECLAIM_BATCH * len(cursors), priority=True)
+            tokens = None if self._tokens is None else self._tokens()
+            if tokens is not None:
+                # Ordered: only partitions surely ours now, checked before each
+                # call (waiting for flow-control room can outlast a lease).
+                cut += [p for p in cursors if p not in tokens]
+                cursors = {p: c for p, c in cursors.items() if p in tokens}
+                if not cursors:
+                    inventory.unreserve(grant)
+                    break
             if grant.messages < len(cursors):  # room for a few: that many partitions
                 batch = dict(list(cursors.items())[: grant.messages])
                 count = 1
@@ -184,7 +198,7 @@ class Reclaimer:
                     # it again would count a delivery that does not happen.
                     inventory.held_ids(),
                     take_parked=take_parked,
-                    tokens=None if self._tokens is None else self._tokens(),
+                    tokens=tokens,
                 )
             except BaseException:
                 inventory.unreserve(grant)
@@ -224,6 +238,7 @@ class Reclaimer:
             cursors = {p: c for p, c in cursors.items() if c not in ("0-0", FENCED)}
         if inventory.blocking and not self._stopping:
             await self._check_blocking()
+        return cut
 
     async def _check_blocking(self) -> None:
         """Ordered subscriptions: a key blocked on a nacked entry waits for that entry

@@ -91,18 +91,20 @@ class Membership:
 
     @property
     def owned(self) -> dict[int, int]:
-        """Partition -> fencing token, as of the last heartbeat."""
-        return dict(self._owner.owned)
+        """Partition -> fencing token, of the partitions surely ours now (none once
+        the lease may have run out, until a renewal says again)."""
+        return self._owner.surely_owned()
 
     def fenced_out(self, partitions: list[int]) -> None:
         """Redis refused to serve ``partitions`` under our tokens: give them up."""
         self._owner.fenced_out(partitions)
 
-    async def _take_over(self, partitions: list[int]) -> None:
+    async def _take_over(self, partitions: list[int]) -> list[int]:
         # The sweep is the readers' (within their flow control), not done here:
         # a partition is read only once its sweep is over.
         for partition in partitions:
             self.taking[partition] = "-"
+        return []
 
     def swept(self, partition: int, cursor: str) -> None:
         """The take-over sweep of ``partition`` went on to ``cursor`` ("0-0": done)."""

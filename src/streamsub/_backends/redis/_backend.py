@@ -778,8 +778,11 @@ class RedisBackend:
         return entries
 
     async def fence(self, topic: TopicRecord, group: str, tokens: Mapping[int, int]) -> set[int]:
-        tags = self._tags(topic)
-        calls = [(p, [_keys.fence_key(tags[p], group)], [token]) for p, token in tokens.items()]
+        tags, keys = self._tags(topic), self._keys(topic)
+        calls = [
+            (p, [_keys.fence_key(tags[p], group), keys[p]], [token, group])
+            for p, token in tokens.items()
+        ]
         with self._errors():
             replies = await self._evalsha_many(self._fence, calls)
         return {p for (p, _, _), held in zip(calls, replies, strict=True) if not int(held)}
@@ -821,7 +824,7 @@ class RedisBackend:
         with self._errors():
             reply = await self._evalsha(self._read_owned, keys, args)
             entries, fenced, newest = self._owned_entries(partitions, reply)
-            if entries or not block_ms or not newest:
+            if entries or fenced or not block_ms or not newest:
                 return OwnedRead(entries, frozenset(fenced))
             streams = {self._keys(topic)[p]: after for p, after in newest.items()}
             if not await self._redis.xread(streams, count=1, block=block_ms):

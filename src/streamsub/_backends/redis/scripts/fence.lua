@@ -3,9 +3,24 @@
 -- the partition (read_owned.lua) then serve only the holder of that token. The
 -- fence lives in the partition's slot (the ownership records do not), so the
 -- check and the read are one atomic step on the partition's node.
--- KEYS[1]: the fence. ARGV[1]: the token.
+-- KEYS[1]: the fence, KEYS[2]: the partition's stream. ARGV[1]: the token,
+-- ARGV[2]: the subscription (its consumer group).
 -- Returns 1 if the fence holds the token now, 0 if it holds a larger one (a
--- newer owner's: this one is stale and must not read the partition).
+-- newer owner's: this one is stale and must not read the partition), a NOGROUP
+-- error if the subscription's group is gone (deleted meanwhile: no fence is
+-- left behind for it).
+local found = false
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    if group[2] == ARGV[2] then
+      found = true
+      break
+    end
+  end
+end
+if not found then
+  return redis.error_reply('NOGROUP no consumer group ' .. ARGV[2] .. ' on ' .. KEYS[2])
+end
 local token = tonumber(ARGV[1])
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if token < current then
