@@ -21,7 +21,7 @@ from streamsub.testing import RedisServer
 from tests._wait import until
 from tests.ordered_faults._delaying_proxy import DelayingProxy
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
-from tests.review7c._order import regressions
+from tests.ordered_faults._order import regressions
 
 
 @pytest.mark.timeout(90)

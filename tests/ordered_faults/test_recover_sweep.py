@@ -19,7 +19,7 @@ from streamsub.testing import RedisServer
 from tests._proxy import Proxy
 from tests._wait import until
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
-from tests.review7c._order import regressions
+from tests.ordered_faults._order import regressions
 
 KEYS = [f"k{i}" for i in range(8)]
 
