@@ -213,10 +213,10 @@ class _ClusterAppender:
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None = None
     ) -> tuple[list[Any], list[Any]]:
         """Run one-key ``EVAL`` commands (the key is their 4th item), each
-        partition's in the order given, and ``after`` (a WAIT) behind each
+        partition's in the order given, and ``after`` (a WAIT or WAITAOF) behind each
         node's; return their replies in that order, and ``after``'s."""
         replies: list[Any] = [None] * len(commands)
-        # A WAIT's reply counts only for a node that stored some of its batch.
+        # A wait's reply counts only for a node that stored some of its batch.
         after_replies: list[asyncio.Future[Any]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
@@ -439,6 +439,19 @@ class RedisClusterBackend(RedisBackend):
             record.retention,
             salts,
         )
+
+    async def _on_masters(self, *command: Any) -> dict[str, Any]:
+        with self._errors():
+            await self._redis.initialize()  # the masters of now
+            primaries = self._redis.get_primaries()
+            replies = await asyncio.gather(
+                *(self._redis.execute_command(*command, target_nodes=node) for node in primaries),
+                return_exceptions=True,
+            )
+            for reply in replies:
+                if isinstance(reply, Exception) and not isinstance(reply, rexc.ResponseError):
+                    raise reply
+        return {node.name: reply for node, reply in zip(primaries, replies, strict=True)}
 
     async def partition_nodes(self, topic: TopicRecord) -> list[str]:
         """Per partition, the ``host:port`` of the master that holds it now."""
