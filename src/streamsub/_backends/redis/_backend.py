@@ -48,6 +48,7 @@ from ..base import (
     Link,
     NackItem,
     Ownership,
+    PartitionNode,
     Reclaimed,
     ReclaimState,
     ServerInfo,
@@ -1103,6 +1104,15 @@ class RedisBackend:
         major, minor, patch = ([*parts, 0, 0, 0])[:3]
         policy = info.get("maxmemory_policy")
         return ServerInfo((major, minor, patch), None if policy is None else str(policy))
+
+    async def locate_partitions(self, topic: TopicRecord) -> list[PartitionNode]:
+        """Every partition is on the one server: its address as connected to."""
+        kwargs = self._redis.connection_pool.connection_kwargs
+        path = kwargs.get("path")
+        address = (
+            str(path) if path else f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        )
+        return [PartitionNode(partition, address) for partition in range(topic.partitions)]
 
     async def server_time(self) -> float:
         with self._errors():

@@ -62,7 +62,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._errors import BackendError, InvalidArgumentError, UnavailableError
 from ..._settings import Durability
-from ..base import Entry, ServerInfo, TopicRecord
+from ..base import Entry, PartitionNode, ServerInfo, TopicRecord
 from . import _keys
 from ._backend import (
     HEALTH_CHECK_INTERVAL,
@@ -421,15 +421,28 @@ class RedisClusterBackend(RedisBackend):
                     f"changes ({type(exc).__name__}: {exc}); try again"
                 ) from exc
 
-    async def _layout(self, record: TopicRecord) -> TopicRecord:
-        with self._errors():  # the masters of now, not redis-py's cached view
+    async def _slot_map(self) -> list[tuple[int, int, str, str | None]]:
+        """The cluster's slot ranges as it says now (``CLUSTER SLOTS``, not
+        redis-py's cached view): (first, last, master's host:port, its node id)."""
+        with self._errors():
             await self._redis.initialize()
             raw = await self._redis.execute_command(
                 "CLUSTER", "SLOTS", target_nodes=self._redis.get_random_node()
             )
+        return [
+            (
+                int(first),
+                int(last),
+                f"{_keys_text(host)}:{port}",
+                _keys_text(rest[0]) if rest else None,
+            )
+            for first, last, (host, port, *rest), *_ in raw
+        ]
+
+    async def _layout(self, record: TopicRecord) -> TopicRecord:
         ranges: dict[str, list[tuple[int, int]]] = {}
-        for first, last, (host, port, *_), *_ in raw:
-            ranges.setdefault(f"{_keys_text(host)}:{port}", []).append((int(first), int(last)))
+        for first, last, address, _ in await self._slot_map():  # the masters of now
+            ranges.setdefault(address, []).append((first, last))
         salts = balanced_salts(record.name, record.partitions, list(ranges.values()))
         return TopicRecord(
             record.name,
@@ -458,6 +471,24 @@ class RedisClusterBackend(RedisBackend):
         with self._errors():
             await self._redis.initialize()
             return [self._redis.get_node_from_key(key).name for key in self._keys(topic)]
+
+    async def locate_partitions(self, topic: TopicRecord) -> list[PartitionNode]:
+        """Per partition, the master that serves its slot now, and its node id."""
+        slots = await self._slot_map()
+        located = []
+        for partition, key in enumerate(self._keys(topic)):
+            slot = key_slot(key)
+            found = [
+                (address, node) for first, last, address, node in slots if first <= slot <= last
+            ]
+            if not found:
+                raise UnavailableError(
+                    f"no master of the Redis Cluster at {self.url} serves slot {slot} "
+                    f"(partition {partition} of topic {topic.name!r}): the cluster is "
+                    "reconfiguring or lost that master; try again"
+                )
+            located.append(PartitionNode(partition, found[0][0], found[0][1]))
+        return located
 
     async def close(self) -> None:
         await self._appender.close()
