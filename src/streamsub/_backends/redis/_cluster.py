@@ -75,6 +75,7 @@ from ._backend import (
     redact,
 )
 from ._in_order import InOrderConnection
+from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._slots import balanced_salts, key_slot
 
 __all__ = ["CLUSTER_SCHEMES", "IDLE_POLL_FIRST", "IDLE_POLL_MAX", "RedisClusterBackend"]
@@ -344,8 +345,10 @@ class RedisClusterBackend(RedisBackend):
 
     ``redis+cluster://[user:password@]host:port[,host:port...]`` names one or
     more nodes to discover the cluster from; ``rediss+cluster://`` for TLS
-    (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections`` is
-    per node.
+    (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections``
+    (default 64) caps the client's pooled connections per node; a command
+    beyond it waits, up to ``socket_timeout``, for one to be free (see
+    ``_node_gates``). Publishing keeps one more connection per node of its own.
     """
 
     def _open(
@@ -358,16 +361,18 @@ class RedisClusterBackend(RedisBackend):
                 f"cannot use Redis Cluster URL {redact(url)!r}: {exc}; use "
                 "redis+cluster://[user:password@]host:port[,host:port...] or rediss+cluster://"
             ) from None
+        # No max_connections for redis-py: the cap is kept by the gates, at
+        # which a command waits instead of failing (see _node_gates).
         client = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in nodes],
             decode_responses=False,
-            max_connections=max_connections,
             socket_timeout=socket_timeout,
             socket_connect_timeout=min(SOCKET_CONNECT_TIMEOUT, socket_timeout),
             health_check_interval=HEALTH_CHECK_INTERVAL,
             **{**url_options, **options},
         )
         client.set_response_callback("XREADGROUP", _raw)
+        gate_nodes(client, NodeGates(limit=max_connections, timeout=socket_timeout))
         return client
 
     def __init__(
@@ -403,6 +408,12 @@ class RedisClusterBackend(RedisBackend):
         with super()._errors():
             try:
                 yield
+            except NoFreeConnectionError as exc:
+                raise UnavailableError(
+                    f"the Redis Cluster at {self.url} is too busy for this client: {exc}; "
+                    "give the client fewer concurrent subscribers and publishes, or a "
+                    "higher max_connections"
+                ) from exc
             except _TRANSIENT as exc:
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
