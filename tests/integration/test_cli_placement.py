@@ -20,13 +20,15 @@ def _cli(url: str, *args: str) -> str:
     return result.stdout
 
 
-def test_topic_describe_shows_the_one_server_for_every_partition(tmp_path: Path) -> None:
+def test_topic_describe_shows_the_one_server_for_every_partition(
+    tmp_path: Path, redis_binary: str | None
+) -> None:
     """On a TCP server and on a unix socket, describe (text and JSON) places
     each of a topic's 6 partitions on that server, with no cluster node id;
     the library call says the same."""
     with (
-        redis_server(tmp_path / "tcp") as tcp,
-        redis_server(tmp_path / "unix", unix_socket=True) as unix,
+        redis_server(tmp_path / "tcp", binary=redis_binary) as tcp,
+        redis_server(tmp_path / "unix", binary=redis_binary, unix_socket=True) as unix,
     ):
         for server, address in ((tcp, f"127.0.0.1:{tcp.port}"), (unix, str(unix.unix_socket))):
             _cli(server.url, "topic", "create", "placed", "--partitions", "6")
