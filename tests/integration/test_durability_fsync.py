@@ -172,3 +172,55 @@ def test_fsync_settings_are_checked() -> None:
             socket_timeout=2.0,
             durability=streamsub.Durability(fsync=True, timeout=5.0),
         )
+
+
+async def test_many_topics_publishing_at_once_share_each_fsync_wait(
+    tmp_path: Path, fsync_binary: str
+) -> None:
+    """With Durability(replicas=1, fsync=True), four topics with 1,500
+    publishes each in flight at once (batches of all of them on one
+    connection, each WAITAOF taking about a second for the replica) all
+    return their ids: a batch sent while a WAITAOF is outstanding waits for
+    the next one, which covers every batch sent meanwhile, so no batch queues
+    behind a wait per earlier batch until the socket timeout; the server
+    answers fewer WAITAOFs than there were batches."""
+    with (
+        redis_server(tmp_path / "primary", binary=fsync_binary) as primary,
+        redis_server(
+            tmp_path / "replica",
+            binary=fsync_binary,
+            extra_args=("--replicaof", "127.0.0.1", str(primary.port)),
+        ) as replica,
+    ):
+        inspect, follower = redis.Redis(port=primary.port), redis.Redis(port=replica.port)
+        try:
+            await _linked(follower)
+            async with streamsub.connect(primary.url) as plain:
+                for t in range(4):
+                    await plain.create_topic(f"fsynced-{t}", partitions=4)
+            durability = streamsub.Durability(replicas=1, fsync=True)
+            small = streamsub.BatchSettings(max_messages=100)
+            async with streamsub.connect(
+                primary.url, durability=durability, batch_settings=small
+            ) as durable:
+
+                async def publish(topic: str) -> list[str]:
+                    calls = []
+                    for i in range(1500):
+                        calls.append(asyncio.ensure_future(durable.publish(topic, b"m%d" % i)))
+                        if i % 100 == 99:
+                            await asyncio.sleep(0.01)
+                    return await asyncio.gather(*calls)
+
+                ids = await asyncio.gather(*(publish(f"fsynced-{t}") for t in range(4)))
+            waits = _calls(inspect, "waitaof")
+            batches = sum(
+                int(entry["calls"])
+                for name, entry in inspect.info("commandstats").items()
+                if name == "cmdstat_eval"
+            )
+        finally:
+            inspect.close()
+            follower.close()
+    assert [len(set(topic_ids)) for topic_ids in ids] == [1500] * 4
+    assert 1 <= waits < batches, (waits, batches)

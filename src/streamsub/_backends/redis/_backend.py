@@ -741,8 +741,14 @@ class RedisBackend:
                     ) from reply
             # A wait that failed (its connection lost, its node a replica now)
             # confirmed nothing.
+            if durability.fsync and isinstance(reply, Exception):
+                raise UnavailableError(
+                    f"a batch for topic {topic.name!r} was stored on its master but its "
+                    f"fsync could not be confirmed ({type(reply).__name__}: {reply}): it may "
+                    "be lost if that server fails now; publishing it again may store it twice"
+                ) from reply
             if durability.fsync:
-                fsynced = (0, 0) if isinstance(reply, Exception) else tuple(map(int, reply))
+                fsynced = tuple(map(int, reply))
                 local, replicas = min(local, fsynced[0]), min(replicas, fsynced[1])
             else:
                 replicas = min(replicas, 0 if isinstance(reply, Exception) else int(reply))
@@ -784,8 +790,9 @@ class RedisBackend:
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
     ) -> tuple[list[Any], list[Any]]:
         """Send the appends in order on the in-order connection, ``after`` (a WAIT
-        or WAITAOF) behind them; return their replies and ``after``'s."""
-        replies = await self._appender.call_many([*commands, after] if after else commands)
+        or WAITAOF, maybe shared with other calls') behind them; return their
+        replies and ``after``'s."""
+        replies = await self._appender.call_many(commands, after)
         return (replies[:-1], replies[-1:]) if after else (replies, [])
 
     async def _evalsha_many(

@@ -287,11 +287,9 @@ class _ClusterAppender:
                 batch: list[tuple[Any, ...]] = []
                 for i, asking in items:
                     batch += [("ASKING",), commands[i]] if asking else [commands[i]]
-                if after is not None:
-                    batch.append(after)
                 try:
                     connection = await self._connection(name)
-                    futures = await connection.send_many(batch)
+                    futures = await connection.send_many(batch, after)
                 except _NotConnected:
                     self._forget(name)
                     self._connections.pop(name, None)
@@ -304,7 +302,6 @@ class _ClusterAppender:
                     raise
                 if after is not None:
                     waits[name] = futures.pop()
-                    batch.pop()
                 futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
                 sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
             if todo:
