@@ -20,6 +20,7 @@ that drive it), ``_backends`` (storage, where Redis errors become ours).
 from ._client import (
     DEFAULT_URL,
     Client,
+    PartitionNode,
     Subscriber,
     Subscription,
     SubscriptionStats,
@@ -91,6 +92,7 @@ __all__ = [
     "NotFoundError",
     "OrderingKeyPausedError",
     "OutgoingMessage",
+    "PartitionNode",
     "PartitionReport",
     "PartitionTrim",
     "PublishFlowControl",

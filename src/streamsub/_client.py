@@ -20,6 +20,7 @@ from ._backends.base import (
     PARKED_CONSUMER,
     Backend,
     GroupInfo,
+    PartitionNode,
     SnapshotRecord,
     SubscriptionRecord,
     TopicRecord,
@@ -65,6 +66,7 @@ from ._settings import (
 __all__ = [
     "DEFAULT_URL",
     "Client",
+    "PartitionNode",
     "Subscriber",
     "Subscription",
     "SubscriptionStats",
@@ -391,6 +393,14 @@ class Client:
         """The topic ``name``; raises :class:`TopicNotFoundError` if there is none."""
         self._check_open()
         return _topic(await self._topic_record(name))
+
+    async def locate_partitions(self, topic: str) -> list[PartitionNode]:
+        """Per partition of ``topic``, in order, the server that holds it now:
+        on Redis Cluster the master serving the partition's slot (``host:port``
+        and node id, as the cluster says at this moment: a failover or a slot
+        move changes it), on one server that server."""
+        self._check_open()
+        return await self._backend.locate_partitions(await self._topic_record(topic))
 
     async def list_topics(self) -> list[Topic]:
         """Every topic, sorted by name."""

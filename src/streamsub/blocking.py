@@ -53,6 +53,7 @@ from ._blocking_loop import LoopThread, PublishRoom
 from ._client import (
     DEFAULT_CONSUMER_EXPIRY,
     DEFAULT_SHUTDOWN_TIMEOUT,
+    PartitionNode,
     Start,
     Subscriber,
     Subscription,
@@ -516,6 +517,11 @@ class Client:
     def get_topic(self, name: str) -> Topic:
         """The topic ``name``; raises :class:`~streamsub.TopicNotFoundError` if none."""
         return self._loop.call(self._client.get_topic, name)
+
+    def locate_partitions(self, topic: str) -> list[PartitionNode]:
+        """Per partition of ``topic``, the server that holds it now; see
+        :meth:`streamsub.Client.locate_partitions`."""
+        return self._loop.call(self._client.locate_partitions, topic)
 
     def list_topics(self) -> list[Topic]:
         """Every topic, sorted by name."""

@@ -59,6 +59,7 @@ from streamsub import (
     Message,
     NotFoundError,
     OutgoingMessage,
+    PartitionNode,
     Retention,
     RetentionResult,
     RetryPolicy,
@@ -394,18 +395,43 @@ def topic_list(url: Url = streamsub.DEFAULT_URL, as_json: Json = False) -> None:
     out.print(table)
 
 
+def _ranges(numbers: Sequence[int]) -> str:
+    """Numbers as sorted ranges: 0-2, 5, 7-8."""
+    spans: list[list[int]] = []
+    for number in sorted(numbers):
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+NODE_ID_SHOWN = 8
+"""Leading hex digits of a cluster node id shown by ``topic describe`` (as git
+shortens commit ids): enough to tell a cluster's nodes apart."""
+
+
 @topic_app.command("describe")
 def topic_describe(name: str, url: Url = streamsub.DEFAULT_URL, as_json: Json = False) -> None:
-    """Show a topic and its subscriptions."""
+    """Show a topic, its subscriptions and which server holds each partition."""
 
-    async def main() -> tuple[Topic, list[Subscription]]:
+    async def main() -> tuple[Topic, list[Subscription], list[PartitionNode]]:
         async with streamsub.connect(url) as client:
             topic = await client.get_topic(name)
-            return topic, await client.list_subscriptions(name)
+            subs = await client.list_subscriptions(name)
+            return topic, subs, await client.locate_partitions(name)
 
-    topic, subs = run(main())
+    topic, subs, placement = run(main())
     if as_json:
-        _print_json(_topic_json(topic, subs))
+        _print_json(
+            {
+                **_topic_json(topic, subs),
+                "placement": [
+                    {"partition": p.partition, "address": p.address, "node_id": p.node_id}
+                    for p in placement
+                ],
+            }
+        )
         return
     grid = Table.grid(padding=(0, 2))
     grid.add_row("[bold]topic[/]", topic.name)
@@ -414,6 +440,18 @@ def topic_describe(name: str, url: Url = streamsub.DEFAULT_URL, as_json: Json = 
     grid.add_row("retention", _retention_text(topic.retention))
     grid.add_row("subscriptions", ", ".join(s.name for s in subs) or "-")
     out.print(grid)
+    by_node: dict[tuple[str, str | None], list[int]] = {}
+    for located in placement:
+        by_node.setdefault((located.address, located.node_id), []).append(located.partition)
+    table = Table("node", "node id", "partitions", "count")
+    for (address, node_id), partitions in sorted(by_node.items(), key=lambda item: item[1][0]):
+        table.add_row(
+            address,
+            "-" if node_id is None else node_id[:NODE_ID_SHOWN],
+            _ranges(partitions),
+            str(len(partitions)),
+        )
+    out.print(table)
 
 
 @topic_app.command("delete")

@@ -30,6 +30,7 @@ __all__ = [
     "GroupInfo",
     "LeaseMode",
     "NackItem",
+    "PartitionNode",
     "ReclaimState",
     "Reclaimed",
     "ServerInfo",
@@ -114,6 +115,18 @@ class TopicRecord:
     """Per partition, the salt of its keys' hash tag where the backend chose
     them (Redis Cluster: so that partitions spread evenly over the masters);
     empty: the layout's plain tags."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionNode:
+    """Which server holds a topic's partition now."""
+
+    partition: int
+    address: str
+    """The server's ``host:port`` (on Redis Cluster: the master that serves
+    the partition's slot), or its unix socket's path."""
+    node_id: str | None = None
+    """The Redis Cluster node id of that master (40 hex digits); None on one server."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -438,6 +451,10 @@ class Backend(Protocol):
     ) -> dict[tuple[int, str], str | None]:
         """Per (partition, id): the consumer whose pending list holds the entry, or
         None when it is pending nowhere (acknowledged, or trimmed)."""
+        ...
+
+    async def locate_partitions(self, topic: TopicRecord) -> list[PartitionNode]:
+        """Per partition, in order, the server that holds it now."""
         ...
 
     # --- operations: retention --------------------------------------------------

@@ -49,6 +49,7 @@ from ..base import (
     NackItem,
     OwnedRead,
     Ownership,
+    PartitionNode,
     Reclaimed,
     ReclaimState,
     ServerInfo,
@@ -196,7 +197,7 @@ class RedisBackend:
     command waits for its reply before its connection counts as dead: a
     ``publish`` on a silent connection raises ``UnavailableError`` after about
     that long. ``durability`` (:class:`~streamsub.Durability`) makes a publish
-    wait for replicas. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
+    wait for replicas, or fsync. ``ssl_ca_certs`` names the CA file that signs a ``rediss://``
     server's certificate (also ``?ssl_ca_certs=/path`` in the URL).
     """
 
@@ -224,10 +225,11 @@ class RedisBackend:
                 f"socket_timeout must be seconds from 0 to 3600, got {socket_timeout!r}; "
                 f"keep it above the subscriber's longest read block ({MAX_READ_BLOCK:g} s)"
             )
-        if self._durability.replicas and not self._durability.timeout < socket_timeout:
+        if self._durability.waits and not self._durability.timeout < socket_timeout:
             raise InvalidArgumentError(
                 f"Durability.timeout ({self._durability.timeout:g} s) must be below the "
-                f"socket timeout ({socket_timeout:g} s): the WAIT behind a batch holds its reply"
+                f"socket timeout ({socket_timeout:g} s): the WAIT or WAITAOF behind a batch "
+                "holds its reply"
             )
         parts = urllib.parse.urlsplit(url)
         scheme, query = parts.scheme, dict(urllib.parse.parse_qsl(parts.query))
@@ -428,8 +430,47 @@ class RedisBackend:
             return await self._redis.eval(script.source, len(keys), *keys, *args)
 
     async def ping(self) -> None:
+        """PING; with ``Durability(fsync=True)``, also check that every master
+        can fsync for it (``WAITAOF`` and ``appendonly yes``)."""
         with self._errors():
             await self._redis.ping()
+        if self._durability.fsync:
+            await self._check_fsync()
+
+    async def _on_masters(self, *command: Any) -> dict[str, Any]:
+        """``command``'s reply (or the error it answered) from every master, by
+        where it is (``host:port``, or the URL on one server)."""
+        with self._errors():
+            try:
+                return {self.url: await self._redis.execute_command(*command)}
+            except rexc.ResponseError as exc:
+                return {self.url: exc}
+
+    async def _check_fsync(self) -> None:
+        """Raise FailedPreconditionError unless every master has ``WAITAOF`` and
+        ``appendonly yes``: asked with ``WAITAOF 1 0 1``, which answers at once
+        (nothing of this connection's is waiting) or refuses saying why."""
+        for where, reply in (await self._on_masters("WAITAOF", 1, 0, 1)).items():
+            if isinstance(reply, Exception):
+                raise self._fsync_refusal(reply, where) or self._translated(reply)
+
+    def _fsync_refusal(self, exc: Exception, where: str) -> StreamsubError | None:
+        """The error for a ``WAITAOF`` that ``where`` refused because it cannot
+        fsync for ``Durability(fsync=True)``; None for any other error."""
+        text = str(exc).lower()
+        if "unknown command" in text and "waitaof" in text:
+            return FailedPreconditionError(
+                f"Redis at {where} has no WAITAOF (Redis and Valkey have it from 7.2), which "
+                "Durability(fsync=True) needs: upgrade the server, or drop fsync "
+                "(Durability(replicas=N) alone waits for replicas without fsync)"
+            )
+        if "appendonly is disabled" in text:
+            return FailedPreconditionError(
+                f"Redis at {where} runs with appendonly no, so Durability(fsync=True) has no "
+                "file to fsync: turn AOF on (appendonly yes in its configuration, or CONFIG "
+                "SET appendonly yes), or drop fsync"
+            )
+        return None
 
     async def close(self) -> None:
         await self._appender.close()
@@ -663,25 +704,14 @@ class RedisBackend:
                 commands.append(
                     ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
                 )
-        wait = self._durability.replicas
-        behind = ("WAIT", wait, max(1, int(self._durability.timeout * 1000))) if wait else None
         with self._errors():
-            replies, waited = await self._append_many(commands, behind)
+            replies, waited = await self._append_many(commands, self._behind())
             for reply in replies:
                 # A connection lost under a write: its outcome, and that of every
                 # write on that connection, is unknown. The call fails as a whole.
                 if isinstance(reply, rexc.ConnectionError | rexc.TimeoutError | OSError):
                     raise reply
-        # A WAIT that failed (its connection lost, its node a replica now)
-        # confirmed nothing.
-        confirmed = [0 if isinstance(n, Exception) else int(n) for n in waited]
-        if confirmed and min(confirmed) < wait:
-            raise UnavailableError(
-                f"a batch for topic {topic.name!r} was stored on its master but only "
-                f"{min(confirmed)} of the {wait} replicas asked for confirmed it within "
-                f"{self._durability.timeout:g} s (Durability): it may be lost if that master "
-                "fails now; publishing it again may store it twice"
-            )
+        self._check_confirmed(topic, waited)
         results: dict[int, list[str] | StreamsubError] = {}
         for p, reply in zip(partitions, replies, strict=True):
             if isinstance(reply, Exception):
@@ -689,6 +719,65 @@ class RedisBackend:
             else:
                 results[p] = [i.decode() for i in reply]
         return results
+
+    def _behind(self) -> tuple[Any, ...] | None:
+        """What is sent behind a batch to wait for its durability (Durability)."""
+        durability = self._durability
+        timeout_ms = max(1, int(durability.timeout * 1000))
+        if durability.fsync:
+            return ("WAITAOF", 1, durability.replicas, timeout_ms)
+        if durability.replicas:
+            return ("WAIT", durability.replicas, timeout_ms)
+        return None
+
+    def _check_confirmed(self, topic: TopicRecord, waited: Sequence[Any]) -> None:
+        """Raise unless every reply to :meth:`_behind`'s command (one per node
+        that stored some of the batch) confirms what Durability asks."""
+        durability = self._durability
+        local, replicas = 1, durability.replicas
+        for reply in waited:
+            if isinstance(reply, rexc.ResponseError):
+                refusal = self._fsync_refusal(reply, self.url)
+                if refusal is not None:
+                    raise FailedPreconditionError(
+                        f"a batch for topic {topic.name!r} was stored on its master, but "
+                        f"not confirmed: {refusal}"
+                    ) from reply
+            # A wait that failed (its connection lost, its node a replica now)
+            # confirmed nothing.
+            if durability.fsync and isinstance(reply, Exception):
+                raise UnavailableError(
+                    f"a batch for topic {topic.name!r} was stored on its master but its "
+                    f"fsync could not be confirmed ({type(reply).__name__}: {reply}): it may "
+                    "be lost if that server fails now; publishing it again may store it twice"
+                ) from reply
+            if durability.fsync:
+                fsynced = tuple(map(int, reply))
+                local, replicas = min(local, fsynced[0]), min(replicas, fsynced[1])
+            else:
+                replicas = min(replicas, 0 if isinstance(reply, Exception) else int(reply))
+        if durability.fsync and (local < 1 or replicas < durability.replicas):
+            missing = (
+                [] if local else ["the master did not fsync it (with appendfsync no it never does)"]
+            )
+            if replicas < durability.replicas:
+                missing.append(
+                    f"only {replicas} of the {durability.replicas} replicas asked for "
+                    "fsynced it (a replica counts only with appendonly yes)"
+                )
+            raise UnavailableError(
+                f"a batch for topic {topic.name!r} was stored on its master but "
+                f"{' and '.join(missing)} within {durability.timeout:g} s (Durability with "
+                "fsync): it may be lost if that server fails now; publishing it again may "
+                "store it twice"
+            )
+        if not durability.fsync and replicas < durability.replicas:
+            raise UnavailableError(
+                f"a batch for topic {topic.name!r} was stored on its master but only "
+                f"{replicas} of the {durability.replicas} replicas asked for confirmed it "
+                f"within {durability.timeout:g} s (Durability): it may be lost if that "
+                "master fails now; publishing it again may store it twice"
+            )
 
     def _translated(self, exc: Exception) -> StreamsubError:
         """``exc`` (a reply in place of a result) as the error ``_errors`` makes of it."""
@@ -704,9 +793,10 @@ class RedisBackend:
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
     ) -> tuple[list[Any], list[Any]]:
-        """Send the appends in order on the in-order connection, ``after`` (a WAIT)
-        behind them; return their replies and ``after``'s."""
-        replies = await self._appender.call_many([*commands, after] if after else commands)
+        """Send the appends in order on the in-order connection, ``after`` (a WAIT
+        or WAITAOF, maybe shared with other calls') behind them; return their
+        replies and ``after``'s."""
+        replies = await self._appender.call_many(commands, after)
         return (replies[:-1], replies[-1:]) if after else (replies, [])
 
     async def _evalsha_many(
@@ -1096,6 +1186,15 @@ class RedisBackend:
         major, minor, patch = ([*parts, 0, 0, 0])[:3]
         policy = info.get("maxmemory_policy")
         return ServerInfo((major, minor, patch), None if policy is None else str(policy))
+
+    async def locate_partitions(self, topic: TopicRecord) -> list[PartitionNode]:
+        """Every partition is on the one server: its address as connected to."""
+        kwargs = self._redis.connection_pool.connection_kwargs
+        path = kwargs.get("path")
+        address = (
+            str(path) if path else f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        )
+        return [PartitionNode(partition, address) for partition in range(topic.partitions)]
 
     async def server_time(self) -> float:
         with self._errors():

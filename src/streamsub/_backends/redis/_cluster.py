@@ -62,7 +62,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ..._errors import BackendError, InvalidArgumentError, UnavailableError
 from ..._settings import Durability
-from ..base import Entry, OwnedRead, ServerInfo, TopicRecord
+from ..base import Entry, OwnedRead, PartitionNode, ServerInfo, TopicRecord
 from . import _keys
 from ._backend import (
     HEALTH_CHECK_INTERVAL,
@@ -75,6 +75,7 @@ from ._backend import (
     redact,
 )
 from ._in_order import InOrderConnection
+from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._slots import balanced_salts, key_slot
 
 __all__ = ["CLUSTER_SCHEMES", "IDLE_POLL_FIRST", "IDLE_POLL_MAX", "RedisClusterBackend"]
@@ -213,10 +214,10 @@ class _ClusterAppender:
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None = None
     ) -> tuple[list[Any], list[Any]]:
         """Run one-key ``EVAL`` commands (the key is their 4th item), each
-        partition's in the order given, and ``after`` (a WAIT) behind each
+        partition's in the order given, and ``after`` (a WAIT or WAITAOF) behind each
         node's; return their replies in that order, and ``after``'s."""
         replies: list[Any] = [None] * len(commands)
-        # A WAIT's reply counts only for a node that stored some of its batch.
+        # A wait's reply counts only for a node that stored some of its batch.
         after_replies: list[asyncio.Future[Any]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
@@ -286,11 +287,9 @@ class _ClusterAppender:
                 batch: list[tuple[Any, ...]] = []
                 for i, asking in items:
                     batch += [("ASKING",), commands[i]] if asking else [commands[i]]
-                if after is not None:
-                    batch.append(after)
                 try:
                     connection = await self._connection(name)
-                    futures = await connection.send_many(batch)
+                    futures = await connection.send_many(batch, after)
                 except _NotConnected:
                     self._forget(name)
                     self._connections.pop(name, None)
@@ -303,7 +302,6 @@ class _ClusterAppender:
                     raise
                 if after is not None:
                     waits[name] = futures.pop()
-                    batch.pop()
                 futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
                 sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
             if todo:
@@ -344,8 +342,10 @@ class RedisClusterBackend(RedisBackend):
 
     ``redis+cluster://[user:password@]host:port[,host:port...]`` names one or
     more nodes to discover the cluster from; ``rediss+cluster://`` for TLS
-    (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections`` is
-    per node.
+    (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections``
+    (default 64) caps the client's pooled connections per node; a command
+    beyond it waits, up to ``socket_timeout``, for one to be free (see
+    ``_node_gates``). Publishing keeps one more connection per node of its own.
     """
 
     def _open(
@@ -358,16 +358,18 @@ class RedisClusterBackend(RedisBackend):
                 f"cannot use Redis Cluster URL {redact(url)!r}: {exc}; use "
                 "redis+cluster://[user:password@]host:port[,host:port...] or rediss+cluster://"
             ) from None
+        # No max_connections for redis-py: the cap is kept by the gates, at
+        # which a command waits instead of failing (see _node_gates).
         client = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in nodes],
             decode_responses=False,
-            max_connections=max_connections,
             socket_timeout=socket_timeout,
             socket_connect_timeout=min(SOCKET_CONNECT_TIMEOUT, socket_timeout),
             health_check_interval=HEALTH_CHECK_INTERVAL,
             **{**url_options, **options},
         )
         client.set_response_callback("XREADGROUP", _raw)
+        gate_nodes(client, NodeGates(limit=max_connections, timeout=socket_timeout))
         return client
 
     def __init__(
@@ -403,6 +405,12 @@ class RedisClusterBackend(RedisBackend):
         with super()._errors():
             try:
                 yield
+            except NoFreeConnectionError as exc:
+                raise UnavailableError(
+                    f"the Redis Cluster at {self.url} is too busy for this client: {exc}; "
+                    "give the client fewer concurrent subscribers and publishes, or a "
+                    "higher max_connections"
+                ) from exc
             except _TRANSIENT as exc:
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
@@ -421,15 +429,28 @@ class RedisClusterBackend(RedisBackend):
                     f"changes ({type(exc).__name__}: {exc}); try again"
                 ) from exc
 
-    async def _layout(self, record: TopicRecord) -> TopicRecord:
-        with self._errors():  # the masters of now, not redis-py's cached view
+    async def _slot_map(self) -> list[tuple[int, int, str, str | None]]:
+        """The cluster's slot ranges as it says now (``CLUSTER SLOTS``, not
+        redis-py's cached view): (first, last, master's host:port, its node id)."""
+        with self._errors():
             await self._redis.initialize()
             raw = await self._redis.execute_command(
                 "CLUSTER", "SLOTS", target_nodes=self._redis.get_random_node()
             )
+        return [
+            (
+                int(first),
+                int(last),
+                f"{_keys_text(host)}:{port}",
+                _keys_text(rest[0]) if rest else None,
+            )
+            for first, last, (host, port, *rest), *_ in raw
+        ]
+
+    async def _layout(self, record: TopicRecord) -> TopicRecord:
         ranges: dict[str, list[tuple[int, int]]] = {}
-        for first, last, (host, port, *_), *_ in raw:
-            ranges.setdefault(f"{_keys_text(host)}:{port}", []).append((int(first), int(last)))
+        for first, last, address, _ in await self._slot_map():  # the masters of now
+            ranges.setdefault(address, []).append((first, last))
         salts = balanced_salts(record.name, record.partitions, list(ranges.values()))
         return TopicRecord(
             record.name,
@@ -440,11 +461,42 @@ class RedisClusterBackend(RedisBackend):
             salts,
         )
 
+    async def _on_masters(self, *command: Any) -> dict[str, Any]:
+        with self._errors():
+            await self._redis.initialize()  # the masters of now
+            primaries = self._redis.get_primaries()
+            replies = await asyncio.gather(
+                *(self._redis.execute_command(*command, target_nodes=node) for node in primaries),
+                return_exceptions=True,
+            )
+            for reply in replies:
+                if isinstance(reply, Exception) and not isinstance(reply, rexc.ResponseError):
+                    raise reply
+        return {node.name: reply for node, reply in zip(primaries, replies, strict=True)}
+
     async def partition_nodes(self, topic: TopicRecord) -> list[str]:
         """Per partition, the ``host:port`` of the master that holds it now."""
         with self._errors():
             await self._redis.initialize()
             return [self._redis.get_node_from_key(key).name for key in self._keys(topic)]
+
+    async def locate_partitions(self, topic: TopicRecord) -> list[PartitionNode]:
+        """Per partition, the master that serves its slot now, and its node id."""
+        slots = await self._slot_map()
+        located = []
+        for partition, key in enumerate(self._keys(topic)):
+            slot = key_slot(key)
+            found = [
+                (address, node) for first, last, address, node in slots if first <= slot <= last
+            ]
+            if not found:
+                raise UnavailableError(
+                    f"no master of the Redis Cluster at {self.url} serves slot {slot} "
+                    f"(partition {partition} of topic {topic.name!r}): the cluster is "
+                    "reconfiguring or lost that master; try again"
+                )
+            located.append(PartitionNode(partition, found[0][0], found[0][1]))
+        return located
 
     async def close(self) -> None:
         await self._appender.close()

@@ -6,6 +6,16 @@ order: while Redis appends one batch, the next is already on its way, and the
 client encodes a third. A reply error (a ``ResponseError``) answers only its own
 command; a broken connection fails every command in flight (each "may or may
 not" have run) and the next call opens a new connection.
+
+A call may ask for a confirmation behind its commands (``WAIT`` or ``WAITAOF``,
+which covers every write the connection sent before it). Such a command
+blocks the connection at the server until it answers, so one per call would
+queue the calls behind each other, each waiting its full time (about a second
+for ``WAITAOF`` with replicas). Instead at most one is outstanding per
+connection: a call sent while one is outstanding waits for the next one, which
+is sent as soon as the outstanding one answers and covers every call sent
+meanwhile (a group commit). A call's confirmation is never taken from another
+connection: when the connection breaks, every call not yet confirmed fails.
 """
 
 from __future__ import annotations
@@ -58,33 +68,65 @@ class InOrderConnection:
         self._send_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
         self._last_used = 0.0
+        # The confirmation outstanding on the connection (its reply's future
+        # and the calls it covers), and the calls sent after it that wait for
+        # the next one.
+        self._confirming: tuple[asyncio.Future[Any], list[asyncio.Future[Any]]] | None = None
+        self._unconfirmed: list[asyncio.Future[Any]] = []
+        self._confirm_command: tuple[Any, ...] | None = None
+        self._confirm_tasks: set[asyncio.Task[None]] = set()
 
     def _timed_out(self) -> rexc.TimeoutError:
         return rexc.TimeoutError(
             f"no reply from Redis within {self._timeout:g} s (the socket timeout)"
         )
 
-    async def call_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    async def call_many(
+        self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
+    ) -> list[Any]:
         """Send commands behind those already sent, in one write; return their
-        replies (an error reply as the exception, in its place)."""
-        futures = await self.send_many(commands)
+        replies (an error reply as the exception, in its place), and with
+        ``confirm`` the reply of the confirmation that covers them, last."""
+        futures = await self.send_many(commands, confirm)
         return await asyncio.gather(*futures, return_exceptions=True)
 
-    async def send_many(self, commands: list[tuple[Any, ...]]) -> list[asyncio.Future[Any]]:
+    async def send_many(
+        self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
+    ) -> list[asyncio.Future[Any]]:
         """Send commands behind those already sent, in one write; return the
-        futures of their replies (set to the exception for an error reply).
+        futures of their replies (set to the exception for an error reply),
+        and with ``confirm`` (a ``WAIT`` or ``WAITAOF`` command, the same on
+        every call) the future of the reply of the confirmation that covers
+        them, last: sent behind them now, or shared (see the module docstring).
         Once this returns the commands are on their way: a caller that sends
         under a lock of its own orders them against other connections' too."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         futures = [loop.create_future() for _ in commands]
+        confirmed = loop.create_future() if confirm is not None else None
+        if confirm is not None:
+            if self._confirm_command not in (None, confirm):
+                raise ValueError(f"one confirmation command per connection, not {confirm!r}")
+            self._confirm_command = confirm
         try:
             async with asyncio.timeout_at(deadline), self._send_lock:
                 connection = await self._usable_connection(loop)
-                self._waiting.extend((future, deadline) for future in futures)
+                sent = list(commands)
+                replies = list(futures)
+                confirmation = None
+                if confirmed is not None and confirm is not None:
+                    if self._confirming is None:  # none outstanding: send one behind these
+                        confirmation = loop.create_future()
+                        sent.append(confirm)
+                        replies.append(confirmation)
+                    else:  # the next one, sent once the outstanding one answers
+                        self._unconfirmed.append(confirmed)
+                self._waiting.extend((future, deadline) for future in replies)
+                if confirmation is not None and confirmed is not None:
+                    self._confirm_with(confirmation, [confirmed])
                 try:
                     await connection.send_packed_command(
-                        connection.pack_commands(commands), check_health=False
+                        connection.pack_commands(sent), check_health=False
                     )
                 except BaseException as exc:
                     await self._broken(connection, exc)
@@ -95,10 +137,67 @@ class InOrderConnection:
         except TimeoutError:  # asyncio's, from timeout_at: connecting or sending stalled
             raise self._timed_out() from None
         finally:
-            for future in futures:  # failed by _broken before anyone awaits them
+            for future in [*futures, *([confirmed] if confirmed is not None else [])]:
                 if future.done() and not future.cancelled():
-                    future.exception()
-        return futures
+                    future.exception()  # failed by _broken before anyone awaits them
+        return futures if confirmed is None else [*futures, confirmed]
+
+    def _confirm_with(
+        self, confirmation: asyncio.Future[Any], group: list[asyncio.Future[Any]]
+    ) -> None:
+        """``confirmation`` (a sent command's reply) is outstanding; it confirms ``group``."""
+        self._confirming = (confirmation, group)
+
+        def answered(done: asyncio.Future[Any]) -> None:
+            for confirmed in group:
+                if confirmed.done():
+                    continue
+                if done.cancelled():
+                    confirmed.set_exception(rexc.ConnectionError("the connection was closed"))
+                elif done.exception() is not None:
+                    confirmed.set_exception(done.exception())  # type: ignore[arg-type]
+                else:
+                    confirmed.set_result(done.result())
+            if self._confirming is not None and self._confirming[0] is done:
+                self._confirming = None
+                if self._unconfirmed:
+                    task = asyncio.get_running_loop().create_task(self._confirm_unconfirmed())
+                    self._confirm_tasks.add(task)
+                    task.add_done_callback(self._confirm_tasks.discard)
+
+        confirmation.add_done_callback(answered)
+
+    async def _confirm_unconfirmed(self) -> None:
+        """Send one confirmation for every call that waits for one."""
+        loop = asyncio.get_running_loop()
+        async with self._send_lock:
+            group, self._unconfirmed = self._unconfirmed, []
+            if not group:
+                return
+            if self._confirming is not None:  # sent meanwhile, behind these calls: it covers them
+                self._confirming[1].extend(group)
+                return
+            connection, command = self._connection, self._confirm_command
+            if connection is None or command is None:  # pragma: no cover (_broken failed them)
+                for confirmed in group:
+                    if not confirmed.done():
+                        confirmed.set_exception(rexc.ConnectionError("the connection was lost"))
+                return
+            confirmation = loop.create_future()
+            self._waiting.append((confirmation, loop.time() + self._timeout))
+            self._confirm_with(confirmation, group)
+            try:
+                await connection.send_packed_command(
+                    connection.pack_commands([command]), check_health=False
+                )
+            except BaseException as exc:
+                await self._broken(connection, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self._last_used = loop.time()
+            if self._reader is None or self._reader.done():
+                self._reader = loop.create_task(self._read(connection))
 
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
@@ -147,7 +246,16 @@ class InOrderConnection:
         if connection is not self._connection:
             return
         self._connection = None
+        # What waits for a confirmation was sent on this connection: another
+        # connection's cannot cover it.
+        self._confirming = None
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
         waiting, self._waiting = self._waiting, collections.deque()
+        for future in unconfirmed:
+            if not future.done():
+                future.set_exception(
+                    exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc))
+                )
         for future, _ in waiting:
             if not future.done():
                 future.set_exception(
@@ -174,5 +282,12 @@ class InOrderConnection:
         connection, self._connection = self._connection, None
         if self._reader is not None:
             self._reader.cancel()
+        for task in list(self._confirm_tasks):
+            task.cancel()
+        self._confirming = None
+        unconfirmed, self._unconfirmed = self._unconfirmed, []
+        for future in unconfirmed:
+            if not future.done():
+                future.set_exception(rexc.ConnectionError("the connection was closed"))
         if connection is not None:
             await self._give_back(connection)
