@@ -9,22 +9,12 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-import pytest
 import redis
 
 import streamsub
 from streamsub._backends.redis import RedisClusterBackend
 from streamsub.testing import RedisClusterServers
 from tests._wait import until
-
-
-@pytest.fixture
-def emptied(cluster: RedisClusterServers) -> RedisClusterServers:
-    """The session cluster, emptied."""
-    inspect = cluster.client()
-    inspect.flushall()
-    inspect.close()
-    return cluster
 
 
 @contextlib.contextmanager

@@ -6,22 +6,12 @@ from __future__ import annotations
 import collections
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from streamsub._backends.redis import _keys
 from streamsub.cli import NODE_ID_SHOWN, app
 from streamsub.testing import RedisClusterServers
 from tests.cluster.test_cluster_failover import failover
-
-
-@pytest.fixture
-def emptied(cluster: RedisClusterServers) -> RedisClusterServers:
-    """The session cluster, emptied."""
-    inspect = cluster.client()
-    inspect.flushall()
-    inspect.close()
-    return cluster
 
 
 def _cli(url: str, *args: str) -> str:

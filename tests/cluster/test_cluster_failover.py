@@ -15,15 +15,6 @@ from streamsub.testing import RedisClusterServers
 from tests._wait import until
 
 
-@pytest.fixture
-def emptied(cluster: RedisClusterServers) -> RedisClusterServers:
-    """The session cluster, emptied."""
-    inspect = cluster.client()
-    inspect.flushall()
-    inspect.close()
-    return cluster
-
-
 async def test_durability_waits_for_replicas_and_fails_when_too_few_confirm(
     emptied: RedisClusterServers,
 ) -> None:

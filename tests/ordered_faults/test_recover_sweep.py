@@ -10,7 +10,6 @@ running and held -- with no network delay needed at all."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -19,7 +18,7 @@ from streamsub.testing import RedisServer
 from tests._proxy import Proxy
 from tests._wait import until
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
-from tests.ordered_faults._order import regressions
+from tests.ordered_faults._order import record_unowned_sweeps, regressions
 
 KEYS = [f"k{i}" for i in range(8)]
 
@@ -56,24 +55,13 @@ async def test_recovering_after_a_failed_read_sweeps_a_partition_that_is_another
         f"redis://127.0.0.1:{port}/0", socket_timeout=2.0, trim_in_background=False
     ) as behind_proxy:
         former = behind_proxy.subscribe("billing", former_handle, consumer="former")
-        a_backend = behind_proxy._backend
-        real_reclaim = a_backend.reclaim
-
-        async def reclaim(*args: Any, **kwargs: Any) -> Any:
-            receiver = former._last
-            owner = receiver._owner if receiver is not None else None
-            if owner is not None and not set(args[3]) <= set(owner.surely_owned()):
-                foreign.append(
-                    (
-                        sorted(args[3]),
-                        owner.surely_owned(),
-                        args[4],
-                        bool(kwargs.get("take_parked")),
-                    )
-                )
-            return await real_reclaim(*args, **kwargs)
-
-        a_backend.reclaim = reclaim  # type: ignore[method-assign]
+        record_unowned_sweeps(
+            behind_proxy,
+            former,
+            lambda args, kwargs, owned: foreign.append(
+                (sorted(args[3]), owned, args[4], bool(kwargs.get("take_parked")))
+            ),
+        )
         async with former:
             await until(lambda: len(former.statistics().owned) == 2, 20, "former owns both")
             await asyncio.sleep(0.5)  # its reader waits in a read now

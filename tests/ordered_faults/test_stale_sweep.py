@@ -20,8 +20,8 @@ import streamsub
 from streamsub.testing import RedisServer
 from tests._wait import until
 from tests.ordered_faults._delaying_proxy import DelayingProxy
-from tests.ordered_faults._keys import Journal, index, keyed, ordered
-from tests.ordered_faults._order import regressions
+from tests.ordered_faults._keys import Journal, keyed, ordered
+from tests.ordered_faults._order import holding, regressions
 
 
 @pytest.mark.timeout(60)
@@ -42,12 +42,7 @@ async def test_a_former_owners_late_take_over_sweep_breaks_the_live_owners_key_o
     assert topic is not None
     journal = Journal()
     gate = asyncio.Event()
-
-    async def handle(message: streamsub.Message) -> None:
-        journal.enter(message, "live")
-        if index(message) == 0 and message.delivery_attempt == 1:
-            await gate.wait()
-        journal.leave(message)
+    handle = holding(journal, "live", 0, gate)
 
     async with client.subscribe("billing", handle, consumer="live") as live:
         await until(lambda: live.statistics().owned != {}, 20, "the live owner to own p0")
@@ -89,12 +84,7 @@ async def test_a_take_over_sweep_held_in_the_network_past_the_lease_breaks_key_o
     port = await proxy.start(server.port)
     journal = Journal()
     gate = asyncio.Event()
-
-    async def handle(message: streamsub.Message) -> None:
-        journal.enter(message, "live")
-        if index(message) == 0 and message.delivery_attempt == 1:
-            await gate.wait()
-        journal.leave(message)
+    handle = holding(journal, "live", 0, gate)
 
     async with (
         contextlib.aclosing(proxy),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,7 @@ from streamsub.testing import RedisServer
 from tests._wait import until
 from tests.ordered_faults._delaying_proxy import DelayingProxy
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
-from tests.ordered_faults._order import regressions
+from tests.ordered_faults._order import record_unowned_sweeps, regressions
 
 
 @pytest.mark.timeout(90)
@@ -75,17 +74,10 @@ async def test_a_take_over_sweep_sends_its_next_batch_after_its_lease_may_have_r
             consumer="former",
             flow_control=streamsub.FlowControl(max_messages=5),
         )
-        a_backend = behind_proxy._backend
-        real_reclaim = a_backend.reclaim
-
-        async def reclaim(*args: Any, **kwargs: Any) -> Any:
-            receiver = former._last
-            owner = receiver._owner if receiver is not None else None
-            if owner is not None and not set(args[3]) <= set(owner.surely_owned()):
-                late_calls.append(dict(args[3]))  # by its clock the lease may have run out
-            return await real_reclaim(*args, **kwargs)
-
-        a_backend.reclaim = reclaim  # type: ignore[method-assign]
+        # By its clock the lease may have run out when it sends these:
+        record_unowned_sweeps(
+            behind_proxy, former, lambda args, kwargs, owned: late_calls.append(dict(args[3]))
+        )
         async with former:
             await until(lambda: journal.distinct() == 1, 20, "former running k:0")
             await asyncio.sleep(0.5)
