@@ -5,17 +5,61 @@ from __future__ import annotations
 import os
 
 import redis
+import redis.asyncio as aioredis
 
 from streamsub._backends.redis import RedisBackend, RedisClusterBackend, _keys
+
+
+def partition_tag(redis_client: redis.Redis, topic: str, partition: int | str) -> str:
+    """The hash tag of ``topic``'s ``partition`` (without braces), as the topic's stored
+    layout names it: ``<topic>.<n>|<salt>`` on a cluster, ``<topic>.<n>`` otherwise."""
+    salts = (redis_client.hget(_keys.topic_key(topic), "salts") or b"").split()
+    partition = int(partition)  # a message id's first part, say
+    salt = int(salts[partition]) if salts else 0
+    return _keys.partition_tag(topic, partition, salt)
 
 
 def stream_key(redis_client: redis.Redis, topic: str, partition: int | str) -> str:
     """The stream of ``topic``'s ``partition``, as the topic's stored layout names it
     (its salts on a cluster, the plain ``ss:{<topic>.<n>}`` otherwise)."""
-    salts = (redis_client.hget(_keys.topic_key(topic), "salts") or b"").split()
-    partition = int(partition)  # a message id's first part, say
-    salt = int(salts[partition]) if salts else 0
-    return _keys.stream_key(_keys.partition_tag(topic, partition, salt))
+    return _keys.stream_key(partition_tag(redis_client, topic, partition))
+
+
+def stream_keys(redis_client: redis.Redis, topic: str, partitions: int) -> list[str]:
+    """The streams of ``topic``'s partitions 0 .. ``partitions``-1."""
+    return [stream_key(redis_client, topic, p) for p in range(partitions)]
+
+
+def all_keys(redis_client: redis.Redis, pattern: str = "*") -> list[bytes]:
+    """Every key matching ``pattern``: on a cluster, those of every master (redis-py
+    sends a plain KEYS to one node only)."""
+    if isinstance(redis_client, redis.RedisCluster):
+        keys = redis_client.keys(pattern, target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        keys = redis_client.keys(pattern)
+    return list(keys)
+
+
+def _first_node(url: str) -> tuple[str, int]:
+    host, _, port = url.split("://", 1)[1].split(",")[0].split("/")[0].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def inspector(url: str) -> redis.Redis:
+    """A synchronous client on the server at ``url`` (a cluster-aware one for a
+    ``redis+cluster://`` URL), for a test or a test's subprocess to inspect state."""
+    if "+cluster://" in url:
+        host, port = _first_node(url)
+        return redis.RedisCluster(host=host, port=port)  # type: ignore[return-value]
+    return redis.Redis.from_url(url)
+
+
+def async_inspector(url: str) -> aioredis.Redis:
+    """An asyncio client like :func:`inspector`'s."""
+    if "+cluster://" in url:
+        host, port = _first_node(url)
+        return aioredis.RedisCluster(host=host, port=port)  # type: ignore[return-value]
+    return aioredis.Redis.from_url(url)
 
 
 TEST_BACKEND: type[RedisBackend] = (

@@ -29,16 +29,14 @@ import random
 import sys
 import time
 
-import redis
-import redis.asyncio as aioredis
-
 import streamsub
 from streamsub._engine import ownership
+from tests._layout import async_inspector, inspector
 
 
 async def main(url: str, subscription: str, consumer: str, stall: float) -> None:
-    journal = aioredis.Redis.from_url(url)
-    blocking_journal = redis.Redis.from_url(url)
+    journal = async_inspector(url)
+    blocking_journal = inspector(url)
     stall_state = {"stalled": False, "resumed": False, "after": False}
 
     def mark_after() -> None:
