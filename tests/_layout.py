@@ -41,8 +41,23 @@ def all_keys(redis_client: redis.Redis, pattern: str = "*") -> list[bytes]:
 
 
 def _first_node(url: str) -> tuple[str, int]:
-    host, _, port = url.split("://", 1)[1].split(",")[0].split("/")[0].rpartition(":")
+    host, _, port = node_urls(url)[0].split("://", 1)[1].split("/")[0].rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def node_urls(url: str) -> list[str]:
+    """A plain ``redis://`` URL for each node a test URL names (one for a standalone
+    server), for what must be set on every node (ACL users, configuration)."""
+    if "+cluster://" not in url:
+        return [url]
+    nodes = url.split("://", 1)[1].split("/")[0].split(",")
+    return [f"redis://{node}/0" for node in nodes]
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """``url`` (a test server's, without credentials) logging in as ``user``."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{user}:{password}@{rest}"
 
 
 def inspector(url: str) -> redis.Redis:

@@ -451,7 +451,9 @@ class RedisClusterBackend(RedisBackend):
         await self._redis.aclose()
 
     async def server_info(self) -> ServerInfo:
-        """The lowest version over the masters: what every partition's server has."""
+        """The lowest version over the masters: what every partition's server has;
+        and an evicting maxmemory-policy if any master has one (its partitions may
+        vanish), else the masters' common policy."""
         with self._errors():
             await self._redis.initialize()
             primaries = self._redis.get_primaries()
@@ -470,7 +472,8 @@ class RedisClusterBackend(RedisBackend):
             parts = [int(p) if p.isdigit() else 0 for p in raw.split(".")[:3]]
             versions.append(tuple([*parts, 0, 0, 0][:3]))
             policies.add(info.get("maxmemory_policy"))
-        policy = policies.pop() if len(policies) == 1 else None
+        evicting = sorted(str(p) for p in policies if p not in (None, "noeviction"))
+        policy = evicting[0] if evicting else policies.pop() if len(policies) == 1 else None
         return ServerInfo(min(versions), None if policy is None else str(policy))  # type: ignore[arg-type]
 
     async def read(
