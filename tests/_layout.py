@@ -119,3 +119,20 @@ def pause_writes(redis_client: redis.Redis, milliseconds: int) -> None:
         )
     else:
         redis_client.execute_command("CLIENT", "PAUSE", milliseconds, "WRITE")
+
+
+def unpause_writes(redis_client: redis.Redis) -> None:
+    """CLIENT UNPAUSE on the server, or on every master of a cluster."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.execute_command("CLIENT", "UNPAUSE", target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+
+
+def config_set(redis_client: redis.Redis, name: str, value: str | int) -> None:
+    """CONFIG SET on the server, or on every master of a cluster (redis-py sends it
+    to one node only)."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.config_set(name, value, target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        redis_client.config_set(name, value)
