@@ -335,6 +335,19 @@ def _raised_in_redis_py(exc: BaseException) -> bool:
     return traceback.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
 
 
+def _refused_login(exc: BaseException) -> BaseException | None:
+    """The AuthenticationError or NOPERM behind ``exc``: redis-py's cluster client
+    reports a node that refused the user only as "cannot be connected"."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(
+            seen, rexc.AuthenticationError | rexc.AuthorizationError | rexc.NoPermissionError
+        ):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _keys_text(key: Any) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
 
@@ -404,6 +417,9 @@ class RedisClusterBackend(RedisBackend):
             try:
                 yield
             except _TRANSIENT as exc:
+                refused = _refused_login(exc)
+                if refused is not None:  # bad credentials or rights: not transient
+                    raise refused from None
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
                     f"{exc}); try again"
