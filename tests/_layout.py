@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import redis
-import redis.asyncio as aioredis
 
 from streamsub._backends.redis import RedisBackend, RedisClusterBackend, _keys
 
@@ -69,12 +68,14 @@ def inspector(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
 
 
-def async_inspector(url: str) -> aioredis.Redis:
-    """An asyncio client like :func:`inspector`'s."""
-    if "+cluster://" in url:
-        host, port = _first_node(url)
-        return aioredis.RedisCluster(host=host, port=port)  # type: ignore[return-value]
-    return aioredis.Redis.from_url(url)
+def node_url_for_key(url: str, key: str) -> str:
+    """A plain ``redis://`` URL of the node that holds ``key`` (``url`` itself on a
+    standalone server)."""
+    if "+cluster://" not in url:
+        return url
+    with inspector(url) as client:
+        node = client.get_node_from_key(key)  # type: ignore[attr-defined]
+    return f"redis://{node.host}:{node.port}/0"
 
 
 TEST_BACKEND: type[RedisBackend] = (
