@@ -12,7 +12,7 @@ import redis
 import streamsub
 from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisServer
-from tests._layout import command_calls, config_set, stream_key
+from tests._layout import backend_class, command_calls, config_set, stream_key
 from tests._proxy import Proxy
 from tests._wait import until
 
@@ -173,6 +173,49 @@ async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
         assert stored[""] == [b"warm-up", b"other-1", b"other-2"]
     finally:
         config_set(admin, "maxmemory", 0)
+
+
+async def test_a_refused_write_answered_late_gives_its_error_to_the_writes_behind_it(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With the server out of memory, two keys on two partitions publish two
+    writes each, all four in flight at once (MAX_IN_FLIGHT), each key's second
+    linked after its first; each first write comes back late (as on a cluster,
+    where a write waits for every node it spans), after the one behind it. Every
+    publish fails with the refused write's ResourceExhaustedError, not the
+    link's internal BrokenLinkError, and nothing is stored."""
+    admin = redis_client
+    admin.flushall()
+    first_writes: set[int] = set()
+
+    class LateFirstWrites(backend_class(server.url)):  # type: ignore[misc]
+        async def append(self, topic, batch, links=None):  # type: ignore[no-untyped-def]
+            results = await super().append(topic, batch, links)
+            if links and any(link.after is None for link in links.values()):
+                first_writes.update(links)
+                await asyncio.sleep(0.3)  # the write behind it comes back first
+            return results
+
+    keys = [next(f"late-{k}" for k in range(100) if partition_for_key(f"late-{k}", 4) == p)
+            for p in (0, 1)]  # fmt: skip
+    batch = streamsub.BatchSettings(max_messages=1, max_latency=0.001)
+    async with streamsub.Client(LateFirstWrites(server.url), batch_settings=batch) as client:
+        await client.create_topic("late", partitions=4)
+        config_set(admin, "maxmemory-policy", "noeviction")
+        config_set(admin, "maxmemory", 1)
+        try:
+            calls = [
+                client.publish("late", f"{key}:{n}".encode(), ordering_key=key)
+                for key in keys
+                for n in (1, 2)
+            ]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            config_set(admin, "maxmemory", 0)
+    assert first_writes == {0, 1}, first_writes
+    for result in results:
+        assert isinstance(result, streamsub.ResourceExhaustedError), repr(result)
+    assert _stored(admin, "late", 4) == {}
 
 
 @pytest.mark.standalone  # a TCP proxy in front of a private server
