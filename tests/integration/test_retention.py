@@ -283,6 +283,7 @@ async def test_connect_warns_when_redis_may_evict(
     assert not caplog.records
 
 
+@pytest.mark.standalone  # maxmemory on a private server
 async def test_out_of_memory_is_a_clear_publish_error() -> None:
     """A publish refused for lack of memory raises ResourceExhaustedError saying what to do."""
     with redis_server() as small:
