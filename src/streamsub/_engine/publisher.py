@@ -476,11 +476,14 @@ class TopicPublisher:
             for task in [task for task in in_flight if task.done()]:
                 in_flight.discard(task)
                 task.result()  # a write that died takes the flusher with it
-            if self._failures and not in_flight:
+            if self._failures and not in_flight and not self._unsettled:
                 self._failures.clear()  # every write linked to a failed one is back
             if self._ready:
                 if len(in_flight) >= MAX_IN_FLIGHT or self._failures:
-                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    if in_flight:
+                        await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    else:  # done, but their callbacks have not unlinked them yet: a
+                        await asyncio.sleep(0)  # write started now would link to them
                     continue
                 # Started in order, written in order: the backend sends each
                 # write behind the previous one on the same connection.
