@@ -9,13 +9,73 @@ import redis
 from streamsub._backends.redis import RedisBackend, RedisClusterBackend, _keys
 
 
-def stream_key(redis_client: redis.Redis, topic: str, partition: int | str) -> str:
-    """The stream of ``topic``'s ``partition``, as the topic's stored layout names it
-    (its salts on a cluster, the plain ``ss:{<topic>.<n>}`` otherwise)."""
+def partition_tag(redis_client: redis.Redis, topic: str, partition: int | str) -> str:
+    """The hash tag of ``topic``'s ``partition`` (without braces), as the topic's stored
+    layout names it: ``<topic>.<n>|<salt>`` on a cluster, ``<topic>.<n>`` otherwise."""
     salts = (redis_client.hget(_keys.topic_key(topic), "salts") or b"").split()
     partition = int(partition)  # a message id's first part, say
     salt = int(salts[partition]) if salts else 0
-    return _keys.stream_key(_keys.partition_tag(topic, partition, salt))
+    return _keys.partition_tag(topic, partition, salt)
+
+
+def stream_key(redis_client: redis.Redis, topic: str, partition: int | str) -> str:
+    """The stream of ``topic``'s ``partition``, as the topic's stored layout names it
+    (its salts on a cluster, the plain ``ss:{<topic>.<n>}`` otherwise)."""
+    return _keys.stream_key(partition_tag(redis_client, topic, partition))
+
+
+def stream_keys(redis_client: redis.Redis, topic: str, partitions: int) -> list[str]:
+    """The streams of ``topic``'s partitions 0 .. ``partitions``-1."""
+    return [stream_key(redis_client, topic, p) for p in range(partitions)]
+
+
+def all_keys(redis_client: redis.Redis, pattern: str = "*") -> list[bytes]:
+    """Every key matching ``pattern``: on a cluster, those of every master (redis-py
+    sends a plain KEYS to one node only)."""
+    if isinstance(redis_client, redis.RedisCluster):
+        keys = redis_client.keys(pattern, target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        keys = redis_client.keys(pattern)
+    return list(keys)
+
+
+def _first_node(url: str) -> tuple[str, int]:
+    host, _, port = node_urls(url)[0].split("://", 1)[1].split("/")[0].rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def node_urls(url: str) -> list[str]:
+    """A plain ``redis://`` URL for each node a test URL names (one for a standalone
+    server), for what must be set on every node (ACL users, configuration)."""
+    if "+cluster://" not in url:
+        return [url]
+    nodes = url.split("://", 1)[1].split("/")[0].split(",")
+    return [f"redis://{node}/0" for node in nodes]
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """``url`` (a test server's, without credentials) logging in as ``user``."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{user}:{password}@{rest}"
+
+
+def inspector(url: str) -> redis.Redis:
+    """A synchronous client on the server at ``url`` (a cluster-aware one for a
+    ``redis+cluster://`` URL), for a test or a test's subprocess to inspect state."""
+    if "+cluster://" in url:
+        host, port = _first_node(url)
+        return redis.RedisCluster(host=host, port=port)  # type: ignore[return-value]
+    return redis.Redis.from_url(url)
+
+
+def node_url_for_key(url: str, key: str) -> str:
+    """A plain ``redis://`` URL of the node that holds ``key`` (``url`` itself on a
+    standalone server)."""
+    if "+cluster://" not in url:
+        return url
+    with inspector(url) as client:
+        node = client.get_node_from_key(key)  # type: ignore[attr-defined]
+    return f"redis://{node.host}:{node.port}/0"
 
 
 TEST_BACKEND: type[RedisBackend] = (
@@ -60,3 +120,20 @@ def pause_writes(redis_client: redis.Redis, milliseconds: int) -> None:
         )
     else:
         redis_client.execute_command("CLIENT", "PAUSE", milliseconds, "WRITE")
+
+
+def unpause_writes(redis_client: redis.Redis) -> None:
+    """CLIENT UNPAUSE on the server, or on every master of a cluster."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.execute_command("CLIENT", "UNPAUSE", target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+
+
+def config_set(redis_client: redis.Redis, name: str, value: str | int) -> None:
+    """CONFIG SET on the server, or on every master of a cluster (redis-py sends it
+    to one node only)."""
+    if isinstance(redis_client, redis.RedisCluster):
+        redis_client.config_set(name, value, target_nodes=redis.RedisCluster.PRIMARIES)
+    else:
+        redis_client.config_set(name, value)

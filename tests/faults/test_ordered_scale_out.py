@@ -14,7 +14,7 @@ import pytest
 import redis
 
 import streamsub
-from streamsub.testing import redis_server
+from streamsub.testing import RedisServer
 from tests._wait import until
 from tests.faults._ordered_subscriber import check_key, check_one_at_a_time
 
@@ -38,7 +38,7 @@ def _start(url: str, consumer: str) -> subprocess.Popen[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
-    tmp_path: Path, redis_binary: str | None
+    server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """50,000 messages over 200 keys, four subscriber processes on an ordered
     subscription; one is SIGKILLed a quarter of the way and a fifth joins at
@@ -46,63 +46,63 @@ async def test_order_holds_with_four_subscribers_one_killed_and_one_added(
     is handled, no key ever runs two handlers at once, each key's first
     handlings are in publish order (the killed one's held messages handled again before anything
     later of their keys), and every subscriber that was alive received work."""
-    with redis_server(tmp_path / "redis", binary=redis_binary) as server:
-        inspect = redis.Redis.from_url(server.url)
-        async with streamsub.connect(server.url) as client:
-            await client.create_topic("ordered", partitions=16)
-            await client.create_subscription(
-                "ordered-sub", topic="ordered", enable_message_ordering=True
-            )
-            procs = {name: _start(server.url, name) for name in ("a", "b", "c", "d")}
-            try:
-                keys = [f"key-{k}" for k in range(KEYS)]
+    redis_client.flushall()
+    inspect = redis_client
+    async with streamsub.connect(server.url) as client:
+        await client.create_topic("ordered", partitions=16)
+        await client.create_subscription(
+            "ordered-sub", topic="ordered", enable_message_ordering=True
+        )
+        procs = {name: _start(server.url, name) for name in ("a", "b", "c", "d")}
+        try:
+            keys = [f"key-{k}" for k in range(KEYS)]
 
-                async def publish(first: int, last: int) -> None:
-                    for base in range(first, last, 5):
-                        await client.publish_many(
-                            "ordered",
-                            [
-                                streamsub.OutgoingMessage(
-                                    data=f"{key}:{index}".encode(), ordering_key=key
-                                )
-                                for index in range(base, base + 5)
-                                for key in keys
-                            ],
-                        )
-                        await asyncio.sleep(0.05)
+            async def publish(first: int, last: int) -> None:
+                for base in range(first, last, 5):
+                    await client.publish_many(
+                        "ordered",
+                        [
+                            streamsub.OutgoingMessage(
+                                data=f"{key}:{index}".encode(), ordering_key=key
+                            )
+                            for index in range(base, base + 5)
+                            for key in keys
+                        ],
+                    )
+                    await asyncio.sleep(0.05)
 
-                def distinct() -> int:
-                    records = inspect.lrange("test:handled", 0, -1)
-                    return len({record.rsplit(b" ", 2)[0] for record in records})
+            def distinct() -> int:
+                records = inspect.lrange("test:handled", 0, -1)
+                return len({record.rsplit(b" ", 2)[0] for record in records})
 
-                # Three fifths, with the kill a quarter of the way; then the fifth
-                # subscriber joins and, once it owns its share, the rest comes.
-                per_key = MESSAGES // KEYS
-                publishing = asyncio.create_task(publish(0, per_key * 3 // 5))
-                handled = lambda: inspect.llen("test:handled")  # noqa: E731
-                await until(lambda: handled() >= MESSAGES // 4, 120, "a quarter handled")
-                procs["a"].send_signal(signal.SIGKILL)
-                procs["a"].wait()
-                await publishing
-                await until(lambda: distinct() >= MESSAGES * 3 // 5, 120, "three fifths handled")
-                procs["e"] = _start(server.url, "e")
+            # Three fifths, with the kill a quarter of the way; then the fifth
+            # subscriber joins and, once it owns its share, the rest comes.
+            per_key = MESSAGES // KEYS
+            publishing = asyncio.create_task(publish(0, per_key * 3 // 5))
+            handled = lambda: inspect.llen("test:handled")  # noqa: E731
+            await until(lambda: handled() >= MESSAGES // 4, 120, "a quarter handled")
+            procs["a"].send_signal(signal.SIGKILL)
+            procs["a"].wait()
+            await publishing
+            await until(lambda: distinct() >= MESSAGES * 3 // 5, 120, "three fifths handled")
+            procs["e"] = _start(server.url, "e")
 
-                async def e_owns() -> bool:
-                    stats = await client.subscription_stats("ordered-sub")
-                    return "e" in {owner for owner, _ in stats.owners.values()}
+            async def e_owns() -> bool:
+                stats = await client.subscription_stats("ordered-sub")
+                return "e" in {owner for owner, _ in stats.owners.values()}
 
-                deadline = asyncio.get_running_loop().time() + 60
-                while not await e_owns():
-                    assert asyncio.get_running_loop().time() < deadline, "e never got partitions"
-                    await asyncio.sleep(0.1)
-                await publish(per_key * 3 // 5, per_key)
-                await until(lambda: distinct() >= MESSAGES, 180, "every message handled")
-                journal = inspect.lrange("test:handled", 0, -1)
-                events = inspect.lrange("test:events", 0, -1)
-            finally:
-                for process in procs.values():
-                    process.kill()
-                    process.wait()
+            deadline = asyncio.get_running_loop().time() + 60
+            while not await e_owns():
+                assert asyncio.get_running_loop().time() < deadline, "e never got partitions"
+                await asyncio.sleep(0.1)
+            await publish(per_key * 3 // 5, per_key)
+            await until(lambda: distinct() >= MESSAGES, 180, "every message handled")
+            journal = inspect.lrange("test:handled", 0, -1)
+            events = inspect.lrange("test:events", 0, -1)
+        finally:
+            for process in procs.values():
+                process.kill()
+                process.wait()
     per_key: dict[str, list[tuple[int, int, str]]] = collections.defaultdict(list)
     by_consumer: collections.Counter[str] = collections.Counter()
     for raw in journal:

@@ -14,6 +14,10 @@ from streamsub.testing import RedisServer, redis_server
 from tests._proxy import Proxy
 from tests._wait import until
 
+# Standalone: SIGKILLs a private redis-server, or cuts the one server off with a TCP
+# proxy (a cluster's node failures: tests/cluster).
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)

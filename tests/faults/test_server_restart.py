@@ -12,6 +12,10 @@ import streamsub
 from streamsub.testing import redis_server
 from tests._wait import until
 
+# Standalone: SIGKILLs and restarts the one redis-server (a cluster's failover:
+# tests/cluster/test_cluster_failover.py).
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)

@@ -21,6 +21,10 @@ from streamsub.testing import RedisServer
 from tests._proxy import Proxy
 from tests._wait import until
 
+# Standalone: a TCP proxy stands between the client and the one server (a cluster
+# client connects to each node's own address).
+pytestmark = pytest.mark.standalone
+
 
 def _stored_ids(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
     return {

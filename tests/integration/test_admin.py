@@ -12,14 +12,14 @@ import pytest
 import redis
 
 import streamsub
-from streamsub._backends.redis import RedisBackend
+from streamsub._backends.redis import _keys as layout
 from streamsub.testing import RedisServer, redis_server
-
-STREAMS = [f"ss:{{orders.{n}}}" for n in range(16)]
+from tests._layout import all_keys, backend_class, stream_key, stream_keys
+from tests.conftest import ON_CLUSTER
 
 
 def _keys(redis_client: redis.Redis) -> set[str]:
-    return {key.decode() if isinstance(key, bytes) else key for key in redis_client.keys("*")}
+    return {key.decode() if isinstance(key, bytes) else key for key in all_keys(redis_client)}
 
 
 def _free_port() -> int:
@@ -171,7 +171,7 @@ async def test_topic_metadata_lives_in_redis(
             await other.create_topic("orders", partitions=16)
     record = redis_client.hgetall("ss:topic:orders")
     assert record[b"partitions"] == b"4"
-    assert record[b"layout"] == b"v1"
+    assert record[b"layout"] == (layout.CLUSTER_LAYOUT if ON_CLUSTER else layout.LAYOUT).encode()
 
 
 # --- subscriptions ----------------------------------------------------------------
@@ -291,9 +291,10 @@ async def test_delete_subscription_keeps_messages(
     with pytest.raises(streamsub.SubscriptionNotFoundError):
         await client.get_subscription("billing")
     assert [s.name for s in await client.list_subscriptions()] == ["audit"]
-    for key in STREAMS:
+    streams = stream_keys(redis_client, "orders", 16)
+    for key in streams:
         assert [g["name"] for g in redis_client.xinfo_groups(key)] == [b"audit"]
-    assert sum(redis_client.xlen(key) for key in STREAMS) == 3
+    assert sum(redis_client.xlen(key) for key in streams) == 3
     with pytest.raises(streamsub.SubscriptionNotFoundError):
         await client.delete_subscription("billing")
 
@@ -315,14 +316,16 @@ async def test_subscription_stats(client: streamsub.Client) -> None:
 async def test_streams_carry_a_hash_tag_per_partition(
     client: streamsub.Client, redis_client: redis.Redis
 ) -> None:
-    """Each partition is a stream named ss:{<topic>.<n>}: its own hash tag, so partitions
-    spread over a cluster's slots."""
+    """Each partition is a stream named ss:{<topic>.<n>} (on a cluster
+    ss:{<topic>.<n>|<salt>} where a salt balances the masters): its own hash tag, so
+    partitions spread over a cluster's slots."""
     await client.create_topic("orders")
     await client.create_subscription("billing", topic="orders")
     streams = {key for key in _keys(redis_client) if redis_client.type(key) == b"stream"}
-    assert streams == set(STREAMS)
+    assert streams == set(stream_keys(redis_client, "orders", 16))
     tags = {key[key.index("{") + 1 : key.index("}")] for key in streams}
-    assert tags == {f"orders.{n}" for n in range(16)}
+    assert {tag.partition("|")[0] for tag in tags} == {f"orders.{n}" for n in range(16)}
+    assert len(tags) == 16
 
 
 async def test_consumer_groups_on_every_partition(
@@ -331,7 +334,7 @@ async def test_consumer_groups_on_every_partition(
     """create_subscription creates a consumer group of that name on all 16 partitions."""
     await client.create_topic("orders")
     await client.create_subscription("billing", topic="orders")
-    for key in STREAMS:
+    for key in stream_keys(redis_client, "orders", 16):
         groups = redis_client.xinfo_groups(key)
         assert [g["name"] for g in groups] == [b"billing"], key
         assert groups[0]["pending"] == 0
@@ -345,7 +348,8 @@ async def test_start_latest_and_earliest_set_the_group_position(
     (message_id,) = await client.publish_many("orders", [b"old"])
     await client.create_subscription("latest", topic="orders", start="latest")
     await client.create_subscription("earliest", topic="orders", start="earliest")
-    groups = {g["name"]: g for g in redis_client.xinfo_groups("ss:{orders.0}")}
+    stream = stream_key(redis_client, "orders", 0)
+    groups = {g["name"]: g for g in redis_client.xinfo_groups(stream)}
     assert groups[b"latest"]["last-delivered-id"].decode() == message_id.split("-", 1)[1]
     assert groups[b"earliest"]["last-delivered-id"] == b"0-0"
 
@@ -397,6 +401,7 @@ def test_url_password_is_redacted_for_ipv6_host() -> None:
     assert client.url == "redis://:***@[::1]:6379/0"
 
 
+@pytest.mark.standalone  # a private standalone server's password
 async def test_wrong_password_raises_unavailable_saying_so(data_dir: Path) -> None:
     """A server that refuses the password raises UnavailableError about the credentials,
     without the password; the right password connects."""
@@ -462,7 +467,7 @@ async def test_retention_update_racing_delete_topic_recreates_nothing(
     """Setting a retention policy on a topic deleted meanwhile raises
     TopicNotFoundError and leaves no half record behind."""
     await client.create_topic("orders", partitions=4)
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     try:
         record = await backend.get_topic("orders")
         assert record is not None

@@ -16,8 +16,8 @@ import redis
 import streamsub
 from streamsub import OutgoingMessage
 from streamsub.testing import RedisServer
+from tests._layout import all_keys, stream_keys
 
-STREAMS = [f"ss:{{orders.{n}}}" for n in range(16)]
 BAD_NAMES = [
     ("", "must not be empty"),
     ("ab", "invalid {kind} name 'ab'"),
@@ -32,20 +32,22 @@ BAD_NAMES = [
 
 def _state(redis_client: redis.Redis) -> dict[Any, Any]:
     """Every key with its serialized value: equal states mean nothing was written."""
-    return {key: redis_client.dump(key) for key in sorted(redis_client.keys("*"))}
+    return {key: redis_client.dump(key) for key in sorted(all_keys(redis_client))}
 
 
-def _stream_total(redis_client: redis.Redis) -> int:
-    return sum(redis_client.xlen(key) for key in STREAMS if redis_client.exists(key))
+def _stream_total(redis_client: redis.Redis, streams: list[str]) -> int:
+    return sum(redis_client.xlen(key) for key in streams if redis_client.exists(key))
 
 
 @pytest.fixture
 def unchanged(orders: streamsub.Client, redis_client: redis.Redis) -> Iterator[None]:
     """Fail the test if the server's keys or their contents changed after "orders" was set up."""
-    before, total = _state(redis_client), _stream_total(redis_client)
+    streams = stream_keys(redis_client, "orders", 16)
+    before, total = _state(redis_client), _stream_total(redis_client, streams)
+    assert total == 1
     yield
     after = _state(redis_client)
-    assert _stream_total(redis_client) == total, "messages were written"
+    assert _stream_total(redis_client, streams) == total, "messages were written"
     assert sorted(after.keys() - before.keys()) == [], "keys were created"
     assert sorted(before.keys() - after.keys()) == [], "keys were deleted"
     changed = sorted(k for k in before if before[k] != after[k])

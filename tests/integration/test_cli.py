@@ -21,6 +21,10 @@ from typer.testing import CliRunner, Result
 from streamsub.cli import app
 from streamsub.testing import RedisServer, redis_server
 
+# Standalone: the CLI tests run on a private server of their own whatever the session's
+# server is (the operator commands on a cluster: test_cli_ops.py).
+pytestmark = pytest.mark.standalone
+
 STREAMSUB = [sys.executable, "-c", "from streamsub.cli import main; main()"]
 """The console script's entry point, run as a real process."""
 

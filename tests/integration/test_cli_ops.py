@@ -21,6 +21,7 @@ from typer.testing import CliRunner, Result
 import streamsub
 from streamsub.cli import app
 from streamsub.testing import RedisServer
+from tests._layout import stream_key
 from tests._wait import until
 
 from .test_stats import make_known_traffic
@@ -90,13 +91,13 @@ def test_retention_commands(cli: Any, redis_client: redis.Redis, server: RedisSe
     assert "max length 10" in cli("topic", "list").stdout
     _with_client(server, lambda c: c.publish_many("logs", [b"x"] * 100))
     _with_client(server, lambda c: c.publish_many("logs", [b"y"] * 50))
-    lengths = [int(redis_client.xlen(f"ss:{{logs.{p}}}")) for p in range(2)]
+    lengths = [int(redis_client.xlen(stream_key(redis_client, "logs", p))) for p in range(2)]
     result = cli("retention", "run", "--json")
     assert result.exit_code == 0, result.output
     (logs,) = json.loads(result.stdout)
     expected = sum(max(0, n - 10) for n in lengths)
     assert (logs["topic"], logs["trimmed"], logs["dropped_unacked"]) == ("logs", expected, 0)
-    assert [int(redis_client.xlen(f"ss:{{logs.{p}}}")) for p in range(2)] == [
+    assert [int(redis_client.xlen(stream_key(redis_client, "logs", p))) for p in range(2)] == [
         min(n, 10) for n in lengths
     ]
     changed = cli("topic", "retention", "logs")
@@ -251,7 +252,7 @@ async def test_retention_run_forever_serves_its_metrics(
         await client.create_subscription("behind", topic="capped")
         await client.publish_many("capped", [b"a"] * 30)
         await client.publish_many("capped", [b"b"] * 20)
-    lengths = [int(redis_client.xlen(f"ss:{{capped.{p}}}")) for p in range(2)]
+    lengths = [int(redis_client.xlen(stream_key(redis_client, "capped", p))) for p in range(2)]
     expected = sum(max(0, n - 4) for n in lengths)
     port = _free_port()
     command = ["retention", "run", "--forever", "--interval", "0.1", "--metrics-port", str(port)]
@@ -266,7 +267,7 @@ async def test_retention_run_forever_serves_its_metrics(
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=10)
-    assert [int(redis_client.xlen(f"ss:{{capped.{p}}}")) for p in range(2)] == [
+    assert [int(redis_client.xlen(stream_key(redis_client, "capped", p))) for p in range(2)] == [
         min(n, 4) for n in lengths
     ]
 

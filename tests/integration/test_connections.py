@@ -12,10 +12,10 @@ import redis.asyncio as aioredis
 
 import streamsub
 from streamsub._backends.base import TopicRecord
-from streamsub._backends.redis import RedisBackend
 from streamsub._backends.redis._backend import MAX_READ_BLOCK, SOCKET_TIMEOUT
 from streamsub._backends.redis._in_order import InOrderConnection
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, stream_key
 from tests._proxy import Proxy
 from tests._wait import until
 
@@ -28,10 +28,10 @@ async def test_a_blocking_read_of_the_longest_block_stays_under_the_socket_timeo
     nothing, without a timeout error, under the default socket timeout."""
     assert MAX_READ_BLOCK * 2 <= SOCKET_TIMEOUT
     redis_client.flushall()
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     try:
         topic = await backend.create_topic(TopicRecord("blocking", 1, "", time.time()))
-        redis_client.xgroup_create("ss:{blocking.0}", "readers", id="$")
+        redis_client.xgroup_create(stream_key(redis_client, "blocking", 0), "readers", id="$")
         started = time.monotonic()
         entries = await backend.read(
             topic, "readers", "reader-1", [0], 10, int(MAX_READ_BLOCK * 1000)
@@ -42,6 +42,7 @@ async def test_a_blocking_read_of_the_longest_block_stays_under_the_socket_timeo
         await backend.close()
 
 
+@pytest.mark.standalone  # a TCP proxy in front of the one server
 @pytest.mark.parametrize(("interval", "survives"), [(0.0, True), (3600.0, False)])
 async def test_a_publishing_connection_reset_while_idle_is_replaced_before_use(
     server: RedisServer, proxy: Proxy, interval: float, survives: bool
@@ -86,7 +87,7 @@ def test_tls_options_need_a_rediss_url() -> None:
 def test_connection_options_with_a_custom_backend_are_refused(server: RedisServer) -> None:
     """socket_timeout and ssl_ca_certs belong to the Redis connection: passing them
     with backend=... is an error, not silently ignored."""
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     with pytest.raises(streamsub.InvalidArgumentError, match="backend"):
         streamsub.connect(backend=backend, socket_timeout=3.0)
 
@@ -102,6 +103,7 @@ def test_a_missing_ca_file_is_named_at_connect() -> None:
             streamsub.connect(url, ssl_ca_certs=keyword)
 
 
+@pytest.mark.standalone  # one pool, each blocking read holding a connection (a cluster polls)
 async def test_more_concurrent_commands_than_connections_wait_for_one(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
@@ -109,11 +111,11 @@ async def test_more_concurrent_commands_than_connections_wait_for_one(
     of which publishing keeps), other commands wait for a free connection instead
     of failing with 'Too many connections'."""
     redis_client.flushall()
-    backend = RedisBackend(server.url, max_connections=3)
+    backend = backend_class(server.url)(server.url, max_connections=3)
     try:
         topic = await backend.create_topic(TopicRecord("busy", 1, "", time.time()))
         await backend.append(topic, {0: b""})  # the publishing connection takes one
-        redis_client.xgroup_create("ss:{busy.0}", "readers", id="$")
+        redis_client.xgroup_create(stream_key(redis_client, "busy", 0), "readers", id="$")
         reads = [
             asyncio.ensure_future(backend.read(topic, "readers", f"r{i}", [0], 1, 500))
             for i in range(2)

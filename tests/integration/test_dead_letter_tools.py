@@ -9,7 +9,9 @@ import pytest
 import redis
 
 import streamsub
+from streamsub._backends.redis._keys import claims_key
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, partition_tag, stream_keys
 from tests._wait import until
 
 PARTITIONS = 4
@@ -164,7 +166,8 @@ async def test_tools_page_through_a_shared_dead_letter_topic(client: streamsub.C
 
 
 def _orders_length(redis_client: redis.Redis) -> int:
-    return sum(int(redis_client.xlen(f"ss:{{orders.{p}}}")) for p in range(PARTITIONS))
+    streams = stream_keys(redis_client, "orders", PARTITIONS)
+    return sum(int(redis_client.xlen(key)) for key in streams)
 
 
 async def test_concurrent_replays_publish_each_dead_letter_once(
@@ -182,7 +185,8 @@ async def test_concurrent_replays_publish_each_dead_letter_once(
     assert sum(counts) == 300
     assert _orders_length(redis_client) == before + 300
     assert await client.list_dead_letters("billing") == []
-    assert redis_client.exists("ss:{dead.0}:claims", "ss:{dead.1}:claims") == 0
+    for p in range(2):  # one key per call: a cluster's keys of two slots
+        assert redis_client.exists(claims_key(partition_tag(redis_client, "dead", p))) == 0
 
 
 async def test_a_replay_retried_after_a_crash_publishes_again_only_after_the_claim_expired(
@@ -190,13 +194,12 @@ async def test_a_replay_retried_after_a_crash_publishes_again_only_after_the_cla
 ) -> None:
     """Dead letters claimed by a replay that crashed before publishing are skipped
     by a retry while the claim lasts, and published once after it expired."""
-    from streamsub._backends.redis import RedisBackend
     from streamsub._core.seek import split_message_id
 
     await _dead_letter(client, 100)
     letters = await client.list_dead_letters("billing", limit=1000)
     crashed = letters[:40]
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     try:
         topic = await backend.get_topic("dead")
         assert topic is not None

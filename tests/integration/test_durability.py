@@ -10,9 +10,9 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisServer, redis_server
-from tests.conftest import ON_CLUSTER
 
-pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="one server and its replica")
+# Standalone: one server and its replica (a cluster's: tests/cluster/test_cluster_failover.py).
+pytestmark = pytest.mark.standalone
 
 
 async def test_a_publish_waits_for_a_replica_and_fails_without_one(

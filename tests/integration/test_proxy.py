@@ -9,6 +9,9 @@ import pytest
 from streamsub.testing import RedisServer
 from tests._proxy import Proxy
 
+# Standalone: the TCP proxy of the standalone-server tests, in front of the one server.
+pytestmark = pytest.mark.standalone
+
 
 async def test_the_proxy_forwards_silences_resumes_and_resets(
     server: RedisServer, proxy: Proxy

@@ -1,5 +1,6 @@
-"""Ordering keys paused by a failed publish, on a private real redis-server made to
-refuse writes (``maxmemory`` tiny, ``noeviction``: every append fails with OOM)."""
+"""Ordering keys paused by a failed publish, on the test's server made to refuse
+writes (``maxmemory`` tiny, ``noeviction`` on every master: every append fails
+with OOM)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import redis
 import streamsub
 from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, command_calls, config_set, stream_key
 from tests._proxy import Proxy
 from tests._wait import until
 
@@ -18,21 +20,20 @@ KEYS = [f"key-{k}" for k in range(6)]
 
 
 def _evals(admin: redis.Redis) -> int:
-    stats = admin.info("commandstats")
-    return int(stats.get("cmdstat_eval", {}).get("calls", 0))
+    return command_calls(admin).get("cmdstat_eval", 0)
 
 
 def _stored(admin: redis.Redis, topic: str, partitions: int) -> dict[str, list[bytes]]:
     """Each ordering key's data as XRANGE reads it ("" for no key)."""
     stored: dict[str, list[bytes]] = {}
     for p in range(partitions):
-        for _, fields in admin.xrange(f"ss:{{{topic}.{p}}}"):
+        for _, fields in admin.xrange(stream_key(admin, topic, p)):
             stored.setdefault(fields.get(b"k", b"").decode(), []).append(fields[b"d"])
     return stored
 
 
 async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
-    private_server: RedisServer,
+    server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """With the server out of memory, many publishes over six keys and keyless ones all
     fail: keyed ones with ResourceExhaustedError or, queued behind a failure,
@@ -41,10 +42,11 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
     ones and a fresh key are not paused. With memory back, a paused key still fails
     until resume_publish, then publishes, and each key's stream order is exactly what
     was stored before plus what was published after."""
-    admin = redis.Redis.from_url(private_server.url)
+    admin = redis_client
+    admin.flushall()
     batch = streamsub.BatchSettings(max_messages=5, max_latency=0.001)
     try:
-        async with streamsub.connect(private_server.url, batch_settings=batch) as client:
+        async with streamsub.connect(server.url, batch_settings=batch) as client:
             await client.create_topic("paused", partitions=4)
             before = [
                 streamsub.OutgoingMessage(data=f"before-{i}".encode(), ordering_key=KEYS[i % 6])
@@ -52,8 +54,8 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
             ]
             await client.publish_many("paused", before)
 
-            admin.config_set("maxmemory-policy", "noeviction")
-            admin.config_set("maxmemory", 1)
+            config_set(admin, "maxmemory-policy", "noeviction")
+            config_set(admin, "maxmemory", 1)
             calls = [
                 client.publish(
                     "paused",
@@ -94,7 +96,7 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
                 await client.publish("paused", b"keyless-still-oom")
             assert _evals(admin) > evals
 
-            admin.config_set("maxmemory", 0)
+            config_set(admin, "maxmemory", 0)
             # Memory back: keyless and a fresh key flow, the paused keys stay paused.
             await client.publish("paused", b"keyless-after")
             await client.publish("paused", b"fresh-after", ordering_key="fresh")
@@ -123,30 +125,30 @@ async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
         assert stored["fresh"] == [b"fresh-after"]
         assert stored[""] == [b"keyless-after"]
     finally:
-        admin.config_set("maxmemory", 0)
-        admin.close()
+        config_set(admin, "maxmemory", 0)
 
 
 async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
-    private_server: RedisServer,
+    server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """With PublishFlowControl full (BLOCK), a publish of key k waiting for room fails
     with OrderingKeyPausedError as soon as an earlier publish of k fails, without
     reaching Redis: after resume_publish and publishing the failed message again,
     k's stream holds only the message published again, not the waiting one first."""
-    admin = redis.Redis.from_url(private_server.url)
+    admin = redis_client
+    admin.flushall()
     # Batches wait 0.2 s to fill: a window in which the test reacts to the failure.
     batch = streamsub.BatchSettings(max_latency=0.2)
     flow = streamsub.PublishFlowControl(message_limit=2)
     try:
         async with streamsub.connect(
-            private_server.url, batch_settings=batch, publish_flow_control=flow
+            server.url, batch_settings=batch, publish_flow_control=flow
         ) as client:
             await client.create_topic("gated", partitions=1)
             await client.publish("gated", b"warm-up")  # the topic's publisher exists
 
-            admin.config_set("maxmemory-policy", "noeviction")
-            admin.config_set("maxmemory", 1)
+            config_set(admin, "maxmemory-policy", "noeviction")
+            config_set(admin, "maxmemory", 1)
             first = asyncio.create_task(client.publish("gated", b"k-1", ordering_key="k"))
             # Two keyless messages: they do not fit beside k-1, so they wait at the
             # head of the line and hold k-2 behind them after k-1 fails.
@@ -161,7 +163,7 @@ async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
                 second.result()
             assert (info.value.topic, info.value.ordering_key) == ("gated", "k")
 
-            admin.config_set("maxmemory", 0)
+            config_set(admin, "maxmemory", 0)
             client.resume_publish("gated", "k")
             async with asyncio.timeout(5):
                 await client.publish("gated", b"k-1-again", ordering_key="k")
@@ -170,10 +172,53 @@ async def test_a_call_waiting_for_room_fails_at_once_when_its_key_is_paused(
         assert stored["k"] == [b"k-1-again"]
         assert stored[""] == [b"warm-up", b"other-1", b"other-2"]
     finally:
-        admin.config_set("maxmemory", 0)
-        admin.close()
+        config_set(admin, "maxmemory", 0)
 
 
+async def test_a_refused_write_answered_late_gives_its_error_to_the_writes_behind_it(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With the server out of memory, two keys on two partitions publish two
+    writes each, all four in flight at once (MAX_IN_FLIGHT), each key's second
+    linked after its first; each first write comes back late (as on a cluster,
+    where a write waits for every node it spans), after the one behind it. Every
+    publish fails with the refused write's ResourceExhaustedError, not the
+    link's internal BrokenLinkError, and nothing is stored."""
+    admin = redis_client
+    admin.flushall()
+    first_writes: set[int] = set()
+
+    class LateFirstWrites(backend_class(server.url)):  # type: ignore[misc]
+        async def append(self, topic, batch, links=None):  # type: ignore[no-untyped-def]
+            results = await super().append(topic, batch, links)
+            if links and any(link.after is None for link in links.values()):
+                first_writes.update(links)
+                await asyncio.sleep(0.3)  # the write behind it comes back first
+            return results
+
+    keys = [next(f"late-{k}" for k in range(100) if partition_for_key(f"late-{k}", 4) == p)
+            for p in (0, 1)]  # fmt: skip
+    batch = streamsub.BatchSettings(max_messages=1, max_latency=0.001)
+    async with streamsub.Client(LateFirstWrites(server.url), batch_settings=batch) as client:
+        await client.create_topic("late", partitions=4)
+        config_set(admin, "maxmemory-policy", "noeviction")
+        config_set(admin, "maxmemory", 1)
+        try:
+            calls = [
+                client.publish("late", f"{key}:{n}".encode(), ordering_key=key)
+                for key in keys
+                for n in (1, 2)
+            ]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            config_set(admin, "maxmemory", 0)
+    assert first_writes == {0, 1}, first_writes
+    for result in results:
+        assert isinstance(result, streamsub.ResourceExhaustedError), repr(result)
+    assert _stored(admin, "late", 4) == {}
+
+
+@pytest.mark.standalone  # a TCP proxy in front of a private server
 async def test_writes_in_flight_behind_a_refused_one_do_not_overtake_it(
     private_server: RedisServer, proxy: Proxy
 ) -> None:

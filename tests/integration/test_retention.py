@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 import redis
+import redis.asyncio.cluster
 
 import streamsub
-from streamsub._backends.redis import RedisBackend
 from streamsub._engine.trimmer import Trimmer, enforce_retention
 from streamsub.testing import RedisServer, redis_server
+from tests._layout import backend_class, node_urls, stream_key, with_credentials
 from tests._wait import until
+from tests.conftest import ON_CLUSTER
 
 PARTITIONS = 4
 PER_PARTITION = 10_000
@@ -27,12 +30,8 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
         yield connected
 
 
-def _stream(topic: str, partition: int) -> str:
-    return f"ss:{{{topic}.{partition}}}"
-
-
 def _lengths(redis_client: redis.Redis, topic: str) -> list[int]:
-    return [int(redis_client.xlen(_stream(topic, p))) for p in range(PARTITIONS)]
+    return [int(redis_client.xlen(stream_key(redis_client, topic, p))) for p in range(PARTITIONS)]
 
 
 async def _fill(client: streamsub.Client, topic: str, per_partition: int) -> list[str]:
@@ -58,7 +57,9 @@ def _read(redis_client: redis.Redis, topic: str, group: str, count: int) -> dict
     """Deliver ``count`` entries of every partition to ``group`` (they become pending)."""
     read: dict[int, list[str]] = {}
     for p in range(PARTITIONS):
-        reply = redis_client.xreadgroup(group, "inspector", {_stream(topic, p): ">"}, count=count)
+        reply = redis_client.xreadgroup(
+            group, "inspector", {stream_key(redis_client, topic, p): ">"}, count=count
+        )
         read[p] = [entry_id.decode() for entry_id, _ in reply[0][1]] if reply else []
     return read
 
@@ -91,10 +92,10 @@ async def test_a_group_behind_keeps_everything_until_it_catches_up(
     # "fast" has acknowledged everything; "slow" has 100 delivered per partition,
     # the first 50 of them acknowledged.
     for p, ids in _read(redis_client, "orders", "fast", PER_PARTITION).items():
-        redis_client.xack(_stream("orders", p), "fast", *ids)
+        redis_client.xack(stream_key(redis_client, "orders", p), "fast", *ids)
     pending = _read(redis_client, "orders", "slow", 100)
     for p, ids in pending.items():
-        redis_client.xack(_stream("orders", p), "slow", *ids[:50])
+        redis_client.xack(stream_key(redis_client, "orders", p), "slow", *ids[:50])
 
     result = await client.enforce_retention("orders")
 
@@ -102,7 +103,7 @@ async def test_a_group_behind_keeps_everything_until_it_catches_up(
     assert result.dropped_unacked == 0
     assert _lengths(redis_client, "orders") == [PER_PARTITION - 50] * PARTITIONS
     for p, ids in pending.items():
-        first = redis_client.xrange(_stream("orders", p), count=1)[0][0].decode()
+        first = redis_client.xrange(stream_key(redis_client, "orders", p), count=1)[0][0].decode()
         assert first == ids[50], "the first pending entry is the first one kept"
 
     await _consume_all(client, "slow", PARTITIONS * (PER_PARTITION - 100) + PARTITIONS * 50)
@@ -127,9 +128,9 @@ async def test_drop_unacked_counts_exactly_what_it_dropped(
     await client.create_subscription("fast", topic="orders", start="earliest")
     await _fill(client, "orders", PER_PARTITION)
     for p, ids in _read(redis_client, "orders", "fast", PER_PARTITION).items():
-        redis_client.xack(_stream("orders", p), "fast", *ids)
+        redis_client.xack(stream_key(redis_client, "orders", p), "fast", *ids)
     for p, ids in _read(redis_client, "orders", "slow", 100).items():
-        redis_client.xack(_stream("orders", p), "slow", *ids[:50])
+        redis_client.xack(stream_key(redis_client, "orders", p), "slow", *ids[:50])
 
     result = await client.enforce_retention("orders")
 
@@ -137,12 +138,15 @@ async def test_drop_unacked_counts_exactly_what_it_dropped(
     assert [t.trimmed for t in result.partitions] == [9000] * PARTITIONS
     assert [t.dropped_unacked for t in result.partitions] == [8950] * PARTITIONS
     assert _lengths(redis_client, "orders") == [1000] * PARTITIONS
-    counters = [int(redis_client.get(f"{_stream('orders', p)}:dropped")) for p in range(4)]
+    counters = [
+        int(redis_client.get(f"{stream_key(redis_client, 'orders', p)}:dropped")) for p in range(4)
+    ]
     assert counters == [8950] * PARTITIONS
     # The dropped pending entries left the pending list: nothing dangles.
-    assert [redis_client.xpending(_stream("orders", p), "slow")["pending"] for p in range(4)] == [
-        0
-    ] * PARTITIONS
+    assert [
+        redis_client.xpending(stream_key(redis_client, "orders", p), "slow")["pending"]
+        for p in range(4)
+    ] == [0] * PARTITIONS
     # A second pass finds nothing more to do and counts nothing twice.
     again = await client.enforce_retention("orders")
     assert (again.trimmed, again.dropped_unacked) == (0, 0)
@@ -157,7 +161,7 @@ def _fill_old(redis_client: redis.Redis, topic: str, per_partition: int, age: fl
     for p in range(PARTITIONS):
         for seq in range(per_partition):
             entry_id = f"{ms}-{seq}"
-            redis_client.xadd(_stream(topic, p), {"d": "old"}, id=entry_id)
+            redis_client.xadd(stream_key(redis_client, topic, p), {"d": "old"}, id=entry_id)
             added.add(f"{p}-{entry_id}")
     return added
 
@@ -174,9 +178,9 @@ async def test_max_age_trims_by_the_server_clock(
     old = _fill_old(redis_client, "events", 300, 7200)
     new = await _fill(client, "events", 200)
     for p, ids in _read(redis_client, "events", "reader", 10_000).items():
-        redis_client.xack(_stream("events", p), "reader", *ids)
+        redis_client.xack(stream_key(redis_client, "events", p), "reader", *ids)
 
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     try:
         topic = await backend.get_topic("events")
         assert topic is not None
@@ -189,7 +193,7 @@ async def test_max_age_trims_by_the_server_clock(
     kept = {
         f"{p}-{entry_id.decode()}"
         for p in range(PARTITIONS)
-        for entry_id, _ in redis_client.xrange(_stream("events", p))
+        for entry_id, _ in redis_client.xrange(stream_key(redis_client, "events", p))
     }
     assert kept == set(new)
 
@@ -204,8 +208,8 @@ async def test_max_age_stops_at_the_first_pending_entry(
     await client.create_subscription("reader", topic="events", start="earliest")
     _fill_old(redis_client, "events", 500, 7200)
     for p, ids in _read(redis_client, "events", "reader", 10_000).items():
-        redis_client.xack(_stream("events", p), "reader", *ids[:100], *ids[101:])
-    backend = RedisBackend(server.url)
+        redis_client.xack(stream_key(redis_client, "events", p), "reader", *ids[:100], *ids[101:])
+    backend = backend_class(server.url)(server.url)
     try:
         topic = await backend.get_topic("events")
         assert topic is not None
@@ -265,8 +269,9 @@ async def test_connect_warns_when_redis_may_evict(
     redis_client: redis.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Connecting to a server whose maxmemory-policy evicts keys logs a warning."""
-    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    """Connecting to a server whose maxmemory-policy evicts keys logs a warning (on a
+    cluster, when one master's does: the partitions there may vanish)."""
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")  # a cluster's default node
     try:
         with caplog.at_level(logging.WARNING, logger="streamsub"):
             async with streamsub.connect(server.url):
@@ -281,6 +286,7 @@ async def test_connect_warns_when_redis_may_evict(
     assert not caplog.records
 
 
+@pytest.mark.standalone  # maxmemory on a private server
 async def test_out_of_memory_is_a_clear_publish_error() -> None:
     """A publish refused for lack of memory raises ResourceExhaustedError saying what to do."""
     with redis_server() as small:
@@ -311,7 +317,7 @@ async def test_retention_of_a_dead_letter_topic_is_enforced_for_its_subscribers(
         async def refuse(message: streamsub.Message) -> None:
             raise RuntimeError("poison")
 
-        dead = [_stream("dead", p) for p in range(2)]
+        dead = [stream_key(redis_client, "dead", p) for p in range(2)]
         async with client.subscribe("billing", refuse) as subscriber:
             for i in range(60):
                 await client.publish("orders", str(i).encode())
@@ -336,8 +342,8 @@ async def test_trimmer_pass_watches_subscriptions(
     _fill_old(redis_client, "events", 100, 120)
     await _fill(client, "events", 100)
     for p, ids in _read(redis_client, "events", "reader", 10_000).items():
-        redis_client.xack(_stream("events", p), "reader", *ids)
-    backend = RedisBackend(server.url)
+        redis_client.xack(stream_key(redis_client, "events", p), "reader", *ids)
+    backend = backend_class(server.url)(server.url)
     try:
         trimmer = Trimmer(backend, interval=60)
         trimmer._subscriptions.add("reader")  # what watch_subscription records
@@ -349,18 +355,30 @@ async def test_trimmer_pass_watches_subscriptions(
     assert redis_client.exists("ss:lock:retention:events") == 0
 
 
+# redis-py 5.0's cluster client sends INFO to each node it discovers the cluster from.
+_CLUSTER_CLIENT_NEEDS_INFO = '"INFO"' in inspect.getsource(
+    redis.asyncio.cluster.NodesManager.initialize
+)
+
+
+@pytest.mark.skipif(
+    ON_CLUSTER and _CLUSTER_CLIENT_NEEDS_INFO,
+    reason="this redis-py's cluster client needs INFO to connect (README, Redis Cluster)",
+)
 async def test_a_user_without_info_still_connects_and_trims(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """A Redis user denied INFO can connect and enforce retention (memory policy and
     version unknown: the safe-point path is used)."""
     redis_client.flushall()
-    redis_client.acl_setuser(
-        "no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
-        commands=["+@all", "-info"],
-    )  # fmt: skip
+    for node_url in node_urls(server.url):  # every node of a cluster knows its own users
+        with redis.Redis.from_url(node_url) as node:
+            node.acl_setuser(
+                "no-info", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+                commands=["+@all", "-info"],
+            )  # fmt: skip
     try:
-        url = f"redis://no-info:secret@127.0.0.1:{server.port}/0"
+        url = with_credentials(server.url, "no-info", "secret")
         async with streamsub.connect(url, trim_in_background=False) as client:
             await client.create_topic(
                 "orders", partitions=2, retention=streamsub.Retention(max_length=5)
@@ -368,9 +386,13 @@ async def test_a_user_without_info_still_connects_and_trims(
             await client.publish_many("orders", [b"x"] * 30)
             result = await client.enforce_retention("orders")
         assert result.trimmed == 25  # one publish_many batch: one partition of 30
-        assert all(int(redis_client.xlen(_stream("orders", p))) <= 5 for p in range(2))
+        assert all(
+            int(redis_client.xlen(stream_key(redis_client, "orders", p))) <= 5 for p in range(2)
+        )
     finally:
-        redis_client.acl_deluser("no-info")
+        for node_url in node_urls(server.url):
+            with redis.Redis.from_url(node_url) as node:
+                node.acl_deluser("no-info")
 
 
 async def test_deleting_a_subscription_that_was_behind_lets_the_stream_shrink(
@@ -386,7 +408,7 @@ async def test_deleting_a_subscription_that_was_behind_lets_the_stream_shrink(
     await client.create_subscription("fast", topic="orders", start="earliest")
     await _fill(client, "orders", 1000)
     for p, ids in _read(redis_client, "orders", "fast", 1000).items():
-        redis_client.xack(_stream("orders", p), "fast", *ids)
+        redis_client.xack(stream_key(redis_client, "orders", p), "fast", *ids)
     _read(redis_client, "orders", "slow", 30)
 
     result = await client.enforce_retention("orders")

@@ -14,10 +14,10 @@ import redis
 
 import streamsub
 from streamsub import metrics
-from streamsub._backends.redis import RedisBackend
 from streamsub._engine.trimmer import Trimmer, enforce_retention
 from streamsub._errors import UnavailableError
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, stream_key
 
 PARTITIONS = 4
 PER_PARTITION = 500
@@ -29,10 +29,6 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
     redis_client.flushall()
     async with streamsub.connect(server.url, trim_in_background=False) as connected:
         yield connected
-
-
-def _stream(topic: str, partition: int) -> str:
-    return f"ss:{{{topic}.{partition}}}"
 
 
 async def _fill(client: streamsub.Client, topic: str) -> list[str]:
@@ -53,7 +49,10 @@ async def _fill(client: streamsub.Client, topic: str) -> list[str]:
 
 
 def _ids(redis_client: redis.Redis, topic: str) -> dict[int, list[bytes]]:
-    return {p: [e[0] for e in redis_client.xrange(_stream(topic, p))] for p in range(PARTITIONS)}
+    return {
+        p: [e[0] for e in redis_client.xrange(stream_key(redis_client, topic, p))]
+        for p in range(PARTITIONS)
+    }
 
 
 async def test_trim_keeps_what_a_group_sought_back_reads_again(
@@ -68,15 +67,21 @@ async def test_trim_keeps_what_a_group_sought_back_reads_again(
     await _fill(client, "orders")
     before = _ids(redis_client, "orders")
     for p in range(PARTITIONS):
-        got = redis_client.xreadgroup("billing", "c", {_stream("orders", p): ">"}, count=10_000)
+        got = redis_client.xreadgroup(
+            "billing", "c", {stream_key(redis_client, "orders", p): ">"}, count=10_000
+        )
         entries = got[0][1]
-        redis_client.xack(_stream("orders", p), "billing", *[e[0] for e in entries[:250]])
+        redis_client.xack(
+            stream_key(redis_client, "orders", p), "billing", *[e[0] for e in entries[:250]]
+        )
     await client.seek("billing", to="earliest")
     result = await client.enforce_retention("orders")
     assert result.trimmed == 0
     assert _ids(redis_client, "orders") == before
     for p in range(PARTITIONS):
-        again = redis_client.xreadgroup("billing", "c", {_stream("orders", p): ">"}, count=10_000)
+        again = redis_client.xreadgroup(
+            "billing", "c", {stream_key(redis_client, "orders", p): ">"}, count=10_000
+        )
         assert [e[0] for e in again[0][1]] == before[p]
 
 
@@ -94,7 +99,7 @@ async def test_trim_after_a_seek_to_a_time_or_a_message(
     target = sorted((m for m in ids if m.startswith("2-")), key=lambda m: int(m.split("-")[2]))
     middle = target[len(target) // 2]
     await client.seek("billing", to=middle)
-    groups = redis_client.xinfo_groups(_stream("orders", 0))
+    groups = redis_client.xinfo_groups(stream_key(redis_client, "orders", 0))
     assert groups[0]["last-delivered-id"].decode().endswith("-18446744073709551615")
     ms = int(middle.split("-")[1])
     result = await client.enforce_retention("orders")
@@ -118,7 +123,7 @@ async def test_ids_beyond_double_precision_compare_exactly(
     await client.create_topic("odd", partitions=1, retention=streamsub.Retention(max_length=1))
     await client.create_subscription("ahead", topic="odd", start="earliest")
     await client.create_subscription("behind", topic="odd", start="earliest")
-    key = _stream("odd", 0)
+    key = stream_key(redis_client, "odd", 0)
     for seq in range(1, 11):
         redis_client.xadd(key, {"x": "1"}, id=f"9007199254740992-{seq}")
     redis_client.xadd(key, {"x": "1"}, id="9007199254740993-0")
@@ -169,7 +174,7 @@ async def test_drops_are_reported_when_a_pass_fails_partway(
     )
     await client.create_subscription("billing", topic="orders", start="earliest")
     await _fill(client, "orders")
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     real = backend.trim
 
     async def fails_on_the_last_partition(topic, partition, **kw):  # type: ignore[no-untyped-def]
@@ -187,7 +192,8 @@ async def test_drops_are_reported_when_a_pass_fails_partway(
     finally:
         await backend.close()
     in_redis = sum(
-        int(redis_client.get(f"{_stream('orders', p)}:dropped") or 0) for p in range(PARTITIONS)
+        int(redis_client.get(f"{stream_key(redis_client, 'orders', p)}:dropped") or 0)
+        for p in range(PARTITIONS)
     )
     assert in_redis == (PARTITIONS - 1) * (PER_PARTITION - 10)
     assert metrics.snapshot()["dropped_unacked"].get("orders") == in_redis
@@ -238,7 +244,7 @@ async def test_a_long_pass_renews_its_lock_and_stops_when_it_lost_it(
         "orders", partitions=PARTITIONS, retention=streamsub.Retention(max_length=10)
     )
     await _fill(client, "orders")
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     try:
         assert await backend.try_lock("retention:orders", "mine", 0.2)
         assert await backend.extend_lock("retention:orders", "mine", 30)
@@ -275,9 +281,11 @@ async def test_a_snapshot_taken_during_a_pass_holds_back_its_trim(
     await _fill(client, "orders")
     before = _ids(redis_client, "orders")
     for p in range(PARTITIONS):  # half pending, half not yet delivered
-        redis_client.xreadgroup("billing", "c", {_stream("orders", p): ">"}, count=250)
+        redis_client.xreadgroup(
+            "billing", "c", {stream_key(redis_client, "orders", p): ">"}, count=250
+        )
 
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     trimmer = Trimmer(backend, interval=3600)
     trimmer._topics.add("orders")  # what watch_topic records, without a loop
     real_lock = backend.try_lock
@@ -286,7 +294,7 @@ async def test_a_snapshot_taken_during_a_pass_holds_back_its_trim(
         taken = await real_lock(name, token, ttl)
         await client.create_snapshot("snap", "billing")  # after the list was read
         for p in range(PARTITIONS):
-            key = _stream("orders", p)
+            key = stream_key(redis_client, "orders", p)
             redis_client.xreadgroup("billing", "c", {key: ">"}, count=10_000)
             redis_client.xack(key, "billing", *before[p])
         return taken
@@ -314,10 +322,10 @@ async def test_one_trim_step_deletes_at_most_its_batch_on_every_path(
     await client.create_subscription("billing", topic="orders", start="earliest")
     await _fill(client, "orders")
     for p in range(PARTITIONS):
-        key = _stream("orders", p)
+        key = stream_key(redis_client, "orders", p)
         got = redis_client.xreadgroup("billing", "c", {key: ">"}, count=10_000)
         redis_client.xack(key, "billing", *[e[0] for e in got[0][1]])
-    backend = RedisBackend(server.url)
+    backend = backend_class(server.url)(server.url)
     try:
         topic = await backend.get_topic("orders")
         assert topic is not None

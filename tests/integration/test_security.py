@@ -1,5 +1,6 @@
 """TLS and ACL users on real redis-servers: a private CA and a TLS-only server per
-module, ACL users created with ``ACL SETUSER`` on a private server per test."""
+module, ACL users created with ``ACL SETUSER`` on a private server per test (on
+every node of the session's cluster under ``STREAMSUB_TEST_BACKEND=cluster``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from streamsub.testing import (
     make_tls_files,
     redis_server,
 )
+from tests._layout import node_urls, with_credentials
 from tests._wait import until
+from tests.conftest import ON_CLUSTER
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -63,6 +66,7 @@ async def _round_trip(client: streamsub.Client, topic: str) -> None:
 
 
 @pytest.mark.tls
+@pytest.mark.standalone  # a private TLS-only server
 async def test_tls_with_the_ca_in_the_url(tls_server: RedisServer, tls_files: TlsFiles) -> None:
     """rediss:// with ?ssl_ca_certs=<CA file> verifies the server and carries
     publishing and subscribing."""
@@ -71,6 +75,7 @@ async def test_tls_with_the_ca_in_the_url(tls_server: RedisServer, tls_files: Tl
 
 
 @pytest.mark.tls
+@pytest.mark.standalone  # a private TLS-only server
 async def test_tls_with_the_ca_as_a_keyword(tls_server: RedisServer, tls_files: TlsFiles) -> None:
     """connect(rediss://..., ssl_ca_certs=<CA file>) works the same as the URL form."""
     async with streamsub.connect(tls_server.url, ssl_ca_certs=tls_files.ca_cert) as client:
@@ -78,6 +83,7 @@ async def test_tls_with_the_ca_as_a_keyword(tls_server: RedisServer, tls_files: 
 
 
 @pytest.mark.tls
+@pytest.mark.standalone  # a private TLS-only server
 @pytest.mark.parametrize("trusted", ["another-ca", "system-cas"])
 async def test_tls_with_an_untrusted_certificate_raises_certificate_error(
     tls_server: RedisServer, tmp_path: Path, trusted: str
@@ -99,17 +105,36 @@ async def test_tls_with_an_untrusted_certificate_raises_certificate_error(
 
 
 # --- ACL users --------------------------------------------------------------------
+USERS = ("app", "narrow")
+
+
 @pytest.fixture
-def acl_server(data_dir: Path, redis_binary: str | None) -> Iterator[RedisServer]:
-    """A private server whose default user stays open, for creating ACL users."""
-    with redis_server(data_dir, binary=redis_binary) as running:
-        yield running
+def acl_server(
+    request: pytest.FixtureRequest, data_dir: Path, redis_binary: str | None
+) -> Iterator[RedisServer]:
+    """A private server whose default user stays open, for creating ACL users (the
+    emptied session cluster on a cluster, its test users deleted afterwards)."""
+    if not ON_CLUSTER:
+        with redis_server(data_dir, binary=redis_binary) as running:
+            yield running
+        return
+    cluster: RedisServer = request.getfixturevalue("server")
+    request.getfixturevalue("redis_client").flushall()
+    yield cluster
+    for url in node_urls(cluster.url):
+        with redis.Redis.from_url(url) as node:
+            node.acl_deluser(*USERS)
 
 
 def _add_user(server: RedisServer, name: str, password: str, rule: str) -> str:
-    with redis.Redis.from_url(server.url) as admin:
-        admin.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rule.split())
-    return f"redis://{name}:{password}@127.0.0.1:{server.port}/0"
+    """Create user ``name`` (on every node of a cluster); return its URL."""
+    assert name in USERS
+    for url in node_urls(server.url):
+        with redis.Redis.from_url(url) as admin:
+            admin.execute_command(
+                "ACL", "SETUSER", name, "reset", "on", f">{password}", *rule.split()
+            )
+    return with_credentials(server.url, name, password)
 
 
 def test_the_readme_quotes_the_acl_rule() -> None:
@@ -176,7 +201,8 @@ async def test_an_acl_user_with_the_rule_can_do_everything_streamsub_does(
         await client.delete_topic("orders-dead", force=True)
         assert await client.list_topics() == []
 
-    with redis.Redis.from_url(url) as app:
+    node = with_credentials(node_urls(acl_server.url)[0], "app", "app-pw")
+    with redis.Redis.from_url(node) as app:
         for refused in (("FLUSHALL",), ("GET", "not-ours"), ("CONFIG", "GET", "*"), ("KEYS", "*")):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 app.execute_command(*refused)

@@ -13,6 +13,7 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, stream_key
 from tests._wait import until
 
 PARTITIONS = 4
@@ -24,10 +25,6 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
     redis_client.flushall()
     async with streamsub.connect(server.url, trim_in_background=False) as connected:
         yield connected
-
-
-def _stream(topic: str, partition: int) -> str:
-    return f"ss:{{{topic}.{partition}}}"
 
 
 def _keys_per_partition(count: int) -> dict[int, list[str]]:
@@ -112,7 +109,7 @@ async def test_seek_settles_pending_messages_by_the_point(
     point = _after_clock_moves()
     after = await _publish(client, 30, "after")
     for p in range(PARTITIONS):  # everything delivered to a consumer that vanished
-        redis_client.xreadgroup("billing", "gone", {_stream("orders", p): ">"})
+        redis_client.xreadgroup("billing", "gone", {stream_key(redis_client, "orders", p): ">"})
 
     result = await client.seek("billing", to=point)
 
@@ -120,7 +117,9 @@ async def test_seek_settles_pending_messages_by_the_point(
     pending = {
         f"{p}-{row['message_id'].decode()}"
         for p in range(PARTITIONS)
-        for row in redis_client.xpending_range(_stream("orders", p), "billing", "-", "+", 1000)
+        for row in redis_client.xpending_range(
+            stream_key(redis_client, "orders", p), "billing", "-", "+", 1000
+        )
     }
     assert pending == set(after)
     assert await _receive(client, len(after)) == set(after)
@@ -139,8 +138,8 @@ async def test_seek_earliest_and_latest(
     assert await _receive(client, len(first)) == set(first)
 
     for p in range(PARTITIONS):
-        redis_client.xgroup_setid(_stream("orders", p), "billing", "0")
-        redis_client.xreadgroup("billing", "gone", {_stream("orders", p): ">"})
+        redis_client.xgroup_setid(stream_key(redis_client, "orders", p), "billing", "0")
+        redis_client.xreadgroup("billing", "gone", {stream_key(redis_client, "orders", p): ">"})
     result = await client.seek("billing", to="latest")
     assert result.acknowledged == len(first)
     (report,) = (await client.stats("orders")).subscriptions
@@ -180,7 +179,7 @@ async def test_seek_to_a_snapshot_redelivers_what_was_unacknowledged_then(
     assert await _receive(client, len(acked)) == set(acked)
     pending_then = await _publish(client, 10, "pending")
     for p in range(PARTITIONS):
-        redis_client.xreadgroup("billing", "gone", {_stream("orders", p): ">"})
+        redis_client.xreadgroup("billing", "gone", {stream_key(redis_client, "orders", p): ">"})
     unread_then = await _publish(client, 5, "unread")
 
     snapshot = await client.create_snapshot("before-deploy", "billing")
@@ -243,7 +242,7 @@ async def test_a_live_snapshot_holds_back_retention_and_an_expired_one_does_not(
     assert await _receive(client, len(acked)) == set(acked)
     pending_then = await _publish(client, 10, "pending")
     for p in range(PARTITIONS):
-        redis_client.xreadgroup("billing", "gone", {_stream("orders", p): ">"})
+        redis_client.xreadgroup("billing", "gone", {stream_key(redis_client, "orders", p): ">"})
     await client.create_snapshot("keep", "billing")
     later = await _publish(client, 10, "later")
     assert await _receive(client, len(pending_then) + len(later)) == set(pending_then) | set(later)
@@ -261,7 +260,7 @@ async def test_a_live_snapshot_holds_back_retention_and_an_expired_one_does_not(
     past = time.time() - 86_400
     redis_client.hset("ss:snapshot:old", "expires", repr(past))
     for p in range(PARTITIONS):
-        holds = f"{_stream('orders', p)}:holds"
+        holds = f"{stream_key(redis_client, 'orders', p)}:holds"
         needs = redis_client.hget(holds, "old").split()[0].decode()  # type: ignore[union-attr]
         redis_client.hset(holds, "old", f"{needs} {int(past * 1000)}")
     await client.delete_snapshot("keep")
@@ -308,15 +307,16 @@ async def test_a_seek_settles_many_pending_in_bounded_steps_and_spares_later_del
     """A seek to "latest" over 3,000 pending per partition acknowledges them in
     steps of at most SEEK_STEP entries; messages delivered between two steps
     (after the position was set) stay pending."""
-    from streamsub._backends.redis import RedisBackend
     from streamsub._engine.seek import seek
 
     await client.create_topic("orders", partitions=PARTITIONS)
     await client.create_subscription("billing", topic="orders", start="earliest")
     await _publish(client, 3000, "old")
     for p in range(PARTITIONS):
-        redis_client.xreadgroup("billing", "c", {_stream("orders", p): ">"}, count=10_000)
-    backend = RedisBackend(server.url)
+        redis_client.xreadgroup(
+            "billing", "c", {stream_key(redis_client, "orders", p): ">"}, count=10_000
+        )
+    backend = backend_class(server.url)(server.url)
     backend.SEEK_STEP = 1000  # type: ignore[misc]
     real = backend._evalsha
     steps: list[str] = []
@@ -327,9 +327,14 @@ async def test_a_seek_settles_many_pending_in_bounded_steps_and_spares_later_del
         if script is backend._seek:
             steps.append(args[1])
             if args[1] == "set":  # a subscriber reads new messages between two steps
-                partition = int(keys[0].split(".")[-1].rstrip("}"))
-                entry = redis_client.xadd(_stream("orders", partition), {"d": "late"})
-                redis_client.xreadgroup("billing", "c", {_stream("orders", partition): ">"})
+                tag = keys[0][keys[0].index("{") + 1 : keys[0].index("}")]
+                partition = int(tag.rpartition(".")[2].partition("|")[0])  # <topic>.<n>[|salt]
+                entry = redis_client.xadd(
+                    stream_key(redis_client, "orders", partition), {"d": "late"}
+                )
+                redis_client.xreadgroup(
+                    "billing", "c", {stream_key(redis_client, "orders", partition): ">"}
+                )
                 late[partition] = [entry]
         return reply
 
@@ -343,7 +348,9 @@ async def test_a_seek_settles_many_pending_in_bounded_steps_and_spares_later_del
     assert result.acknowledged == PARTITIONS * 3000
     assert steps.count("ack") >= PARTITIONS * 3
     for p in range(PARTITIONS):
-        pending = redis_client.xpending_range(_stream("orders", p), "billing", "-", "+", 100)
+        pending = redis_client.xpending_range(
+            stream_key(redis_client, "orders", p), "billing", "-", "+", 100
+        )
         assert [e["message_id"] for e in pending] == late[p]
 
 
@@ -372,7 +379,7 @@ async def test_a_seek_back_over_parked_nacks_delivers_each_once_to_two_subscribe
     parked = sum(
         c["pending"]
         for p in range(PARTITIONS)
-        for c in redis_client.xinfo_consumers(_stream("orders", p), "billing")
+        for c in redis_client.xinfo_consumers(stream_key(redis_client, "orders", p), "billing")
         if c["name"] == b"streamsub.delayed"
     )
     assert parked == len(ids)
@@ -399,6 +406,6 @@ async def test_a_seek_back_over_parked_nacks_delivers_each_once_to_two_subscribe
 def _pending(redis_client: redis.Redis) -> int:
     """Pending entries of billing over every partition."""
     return sum(
-        int(redis_client.xpending(_stream("orders", p), "billing")["pending"])
+        int(redis_client.xpending(stream_key(redis_client, "orders", p), "billing")["pending"])
         for p in range(PARTITIONS)
     )

@@ -10,6 +10,7 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisServer
+from tests._layout import backend_class, stream_key
 
 PARTITIONS = 4
 PER_PARTITION = 40
@@ -21,10 +22,6 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
     redis_client.flushall()
     async with streamsub.connect(server.url, trim_in_background=False) as connected:
         yield connected
-
-
-def _stream(topic: str, partition: int) -> str:
-    return f"ss:{{{topic}.{partition}}}"
 
 
 async def make_known_traffic(client: streamsub.Client, redis_client: redis.Redis) -> list[str]:
@@ -49,12 +46,16 @@ async def make_known_traffic(client: streamsub.Client, redis_client: redis.Redis
         ],
     )
     for p, consumer, count in ((0, "c1", 10), (1, "c1", 10), (2, "c2", 5), (3, "c2", 5)):
-        redis_client.xreadgroup("billing", consumer, {_stream("orders", p): ">"}, count=count)
+        redis_client.xreadgroup(
+            "billing", consumer, {stream_key(redis_client, "orders", p): ">"}, count=count
+        )
     first = [
         e["message_id"]
-        for e in redis_client.xpending_range(_stream("orders", 0), "billing", "-", "+", 3)
+        for e in redis_client.xpending_range(
+            stream_key(redis_client, "orders", 0), "billing", "-", "+", 3
+        )
     ]
-    redis_client.xclaim(_stream("orders", 0), "billing", "c1", 0, first)
+    redis_client.xclaim(stream_key(redis_client, "orders", 0), "billing", "c1", 0, first)
     await client.publish_many("dead", [b"a", b"b", b"c"])
     return ids
 
@@ -134,7 +135,6 @@ async def test_stats_read_a_bounded_sample_and_age_by_the_server_clock(
     partition (over the time they span); a backlog with no lag from the server
     is the stream's length when nothing was delivered; ages follow the server's
     clock even when the client's runs an hour ahead."""
-    from streamsub._backends.redis import RedisBackend
     from streamsub._core.stats import ATTEMPT_SAMPLE, BACKLOG_CAP, RATE_SAMPLE, RATE_WINDOW
 
     await client.create_topic("busy", partitions=PARTITIONS)
@@ -143,9 +143,9 @@ async def test_stats_read_a_bounded_sample_and_age_by_the_server_clock(
     for start in range(0, total, 5000):
         await client.publish_many("busy", [f"m{i}".encode() for i in range(start, start + 5000)])
     for p in range(PARTITIONS):  # a deletion makes Redis 7 report no lag
-        first = redis_client.xrange(_stream("busy", p), count=1)[0][0]
-        redis_client.xdel(_stream("busy", p), first)
-    backend = RedisBackend(server.url)
+        first = redis_client.xrange(stream_key(redis_client, "busy", p), count=1)[0][0]
+        redis_client.xdel(stream_key(redis_client, "busy", p), first)
+    backend = backend_class(server.url)(server.url)
     try:
         topic = await backend.get_topic("busy")
         assert topic is not None

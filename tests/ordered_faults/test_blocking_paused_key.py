@@ -17,11 +17,12 @@ import streamsub
 import streamsub.blocking
 from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisServer
+from tests._layout import config_set, pause_writes, stream_key, unpause_writes
 
 
 @pytest.mark.timeout(60)
 def test_a_blocking_publish_of_a_paused_key_fails_fast_even_when_it_must_wait_for_room(
-    private_server: RedisServer,
+    server: RedisServer, redis_client: redis.Redis
 ) -> None:
     """Key k is paused by a refused write (out of memory). With PublishFlowControl
     full (message_limit=2, two publishes of another key held by CLIENT PAUSE
@@ -32,20 +33,21 @@ def test_a_blocking_publish_of_a_paused_key_fails_fast_even_when_it_must_wait_fo
     and semantics as the async API"). Instead it waits for room; meanwhile the
     application resumes k and publishes the failed message again, and the
     waiting message is stored before it, breaking k's order."""
-    admin = redis.Redis.from_url(private_server.url)
+    admin = redis_client
+    admin.flushall()
     flow = streamsub.PublishFlowControl(message_limit=2)
     try:
         with streamsub.blocking.connect(
-            private_server.url, publish_flow_control=flow, trim_in_background=False
+            server.url, publish_flow_control=flow, trim_in_background=False
         ) as client:
             client.create_topic("orders", partitions=1)
-            admin.config_set("maxmemory-policy", "noeviction")
-            admin.config_set("maxmemory", 1)
+            config_set(admin, "maxmemory-policy", "noeviction")
+            config_set(admin, "maxmemory", 1)
             with pytest.raises(streamsub.ResourceExhaustedError):
                 client.publish("orders", b"k:1", ordering_key="k").result(timeout=10)
-            admin.config_set("maxmemory", 0)
+            config_set(admin, "maxmemory", 0)
 
-            admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+            pause_writes(admin, 3000)
             held = [client.publish("orders", f"x:{n}".encode(), ordering_key="x") for n in (1, 2)]
             waiting: list[Future[str] | BaseException] = []
 
@@ -73,12 +75,13 @@ def test_a_blocking_publish_of_a_paused_key_fails_fast_even_when_it_must_wait_fo
                     outcome = exc
         assert partition_for_key("k", 1) == 0
         stored = [
-            fields[b"d"] for _, fields in admin.xrange("ss:{orders.0}") if fields[b"k"] == b"k"
+            fields[b"d"]
+            for _, fields in admin.xrange(stream_key(admin, "orders", 0))
+            if fields[b"k"] == b"k"
         ]
     finally:
-        admin.execute_command("CLIENT", "UNPAUSE")
-        admin.config_set("maxmemory", 0)
-        admin.close()
+        unpause_writes(admin)
+        config_set(admin, "maxmemory", 0)
     assert fast, (
         f"publishing a paused key waited for room instead of failing at once; it ended "
         f"{outcome!r} and k's stored order is {stored}"

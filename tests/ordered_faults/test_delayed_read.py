@@ -16,6 +16,9 @@ from tests._wait import until
 from tests.ordered_faults._delaying_proxy import DelayingProxy
 from tests.ordered_faults._keys import Journal, keyed, ordered
 
+# Behind a TCP proxy in front of one redis-server.
+pytestmark = pytest.mark.standalone
+
 KEYS = 20
 
 

@@ -21,6 +21,9 @@ from tests._wait import until
 from tests.ordered_faults._delaying_proxy import DelayingProxy
 from tests.ordered_faults._keys import ordered
 
+# Behind a TCP proxy in front of one redis-server.
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.timeout(60)
 async def test_a_late_fence_leaves_a_key_of_a_deleted_subscription_behind(

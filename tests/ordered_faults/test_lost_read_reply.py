@@ -19,6 +19,10 @@ from tests._proxy import Proxy
 from tests._wait import until
 from tests.ordered_faults._keys import Journal, keyed, ordered
 
+# Standalone: a TCP proxy stands between a subscriber and the one server (a cluster client
+# connects to each node's own address).
+pytestmark = pytest.mark.standalone
+
 KEYS = 20
 ROUNDS = 60
 

@@ -20,6 +20,9 @@ from tests._wait import until
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
 from tests.ordered_faults._order import record_unowned_sweeps, regressions
 
+# Behind a TCP proxy in front of one redis-server.
+pytestmark = pytest.mark.standalone
+
 KEYS = [f"k{i}" for i in range(8)]
 
 

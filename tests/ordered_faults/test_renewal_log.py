@@ -13,6 +13,10 @@ from tests._proxy import Proxy
 from tests._wait import until
 from tests.ordered_faults._keys import ordered
 
+# Standalone: a TCP proxy stands between a subscriber and the one server (a cluster client
+# connects to each node's own address).
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.timeout(30)
 async def test_a_renewal_that_times_out_is_logged_with_its_reason(

@@ -13,6 +13,10 @@ from streamsub.testing import redis_server
 from tests._wait import until
 from tests.ordered_faults._keys import Journal, keyed
 
+# Standalone: SIGKILLs and restarts a redis-server (a cluster's failover:
+# tests/cluster/test_cluster_failover.py).
+pytestmark = pytest.mark.standalone
+
 KEYS = 40
 
 

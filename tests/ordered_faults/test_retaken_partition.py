@@ -17,6 +17,10 @@ from tests._proxy import Proxy
 from tests._wait import until
 from tests.ordered_faults._keys import Journal, keyed, ordered
 
+# Standalone: a TCP proxy stands between a subscriber and the one server (a cluster client
+# connects to each node's own address).
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.timeout(60)
 async def test_an_owner_that_gets_its_partition_back_takes_over_what_is_pending_first(

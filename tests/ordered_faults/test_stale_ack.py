@@ -19,6 +19,10 @@ from tests._proxy import Proxy
 from tests._wait import until
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
 
+# Standalone: a TCP proxy stands between a subscriber and the one server (a cluster client
+# connects to each node's own address).
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.timeout(60)
 async def test_a_deposed_owners_late_ack_does_not_settle_the_new_owners_delivery(

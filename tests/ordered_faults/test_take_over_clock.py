@@ -22,6 +22,9 @@ from tests.ordered_faults._delaying_proxy import DelayingProxy
 from tests.ordered_faults._keys import Journal, index, keyed, ordered
 from tests.ordered_faults._order import record_unowned_sweeps, regressions
 
+# Behind a TCP proxy in front of one redis-server.
+pytestmark = pytest.mark.standalone
+
 
 @pytest.mark.timeout(90)
 async def test_a_take_over_sweep_sends_its_next_batch_after_its_lease_may_have_run_out(

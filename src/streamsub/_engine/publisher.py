@@ -23,7 +23,10 @@ publisher's previous write to it while that one is in flight, and Redis runs it
 only if that one was stored: a failure on a partition also fails the writes
 already in flight behind it (at most ``MAX_IN_FLIGHT - 1``; their publishes get
 the same error and their keys pause), and no new write starts until those have
-come back. Publish order per key holds through any failure.
+come back. Publish order per key holds through any failure. A write's results
+may come back before those of the write it is linked after (on Redis Cluster a
+write waits for every node it spans): the linked write then waits for that one's
+results, so that its publishes get that write's error, not the link's.
 
 Every client has one :class:`PublishGate`, shared by its topics' publishers:
 ``publish`` takes its messages' share of ``PublishFlowControl`` before it
@@ -272,6 +275,8 @@ class TopicPublisher:
         self._last_write: dict[int, int] = {}
         self._unsettled: collections.Counter[int] = collections.Counter()
         self._failures: dict[int, StreamsubError] = {}
+        self._settled: dict[int, asyncio.Future[None]] = {}
+        """Per write number in flight: done once its results were handed out."""
 
     @property
     def topic(self) -> TopicRecord:
@@ -437,9 +442,12 @@ class TopicPublisher:
                 raise
             # Otherwise handed to every waiting publish: nothing left to report.
 
-    def _write_done(self, partitions: list[int], task: asyncio.Task[None]) -> None:
+    def _write_done(self, partitions: list[int], number: int, task: asyncio.Task[None]) -> None:
         # A callback, not a ``finally`` in _write: it runs even for a write
         # cancelled before it started, whose partitions would stay linked.
+        settled = self._settled.pop(number, None)
+        if settled is not None and not settled.done():
+            settled.set_result(None)
         for partition in partitions:
             self._unsettled[partition] -= 1
             if not self._unsettled[partition]:
@@ -452,6 +460,7 @@ class TopicPublisher:
         previous write to it, if that one is still in flight."""
         self._writes += 1
         number = self._writes
+        self._settled[number] = asyncio.get_running_loop().create_future()
         links = {}
         for partition in ready.batch:
             after = self._last_write.get(partition) if self._unsettled[partition] else None
@@ -467,11 +476,14 @@ class TopicPublisher:
             for task in [task for task in in_flight if task.done()]:
                 in_flight.discard(task)
                 task.result()  # a write that died takes the flusher with it
-            if self._failures and not in_flight:
+            if self._failures and not in_flight and not self._unsettled:
                 self._failures.clear()  # every write linked to a failed one is back
             if self._ready:
                 if len(in_flight) >= MAX_IN_FLIGHT or self._failures:
-                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    if in_flight:
+                        await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    else:  # done, but their callbacks have not unlinked them yet: a
+                        await asyncio.sleep(0)  # write started now would link to them
                     continue
                 # Started in order, written in order: the backend sends each
                 # write behind the previous one on the same connection.
@@ -480,7 +492,8 @@ class TopicPublisher:
                 self._queued_bytes -= ready.size
                 links = self._links(ready)
                 task = loop.create_task(self._write(ready, links))
-                task.add_done_callback(functools.partial(self._write_done, list(links)))
+                number = next(iter(links.values())).number
+                task.add_done_callback(functools.partial(self._write_done, list(links), number))
                 in_flight.add(task)
                 continue
             deadline = self._batcher.deadline()
@@ -523,6 +536,10 @@ class TopicPublisher:
         for partition, messages in batch.items():
             result = results[partition]
             if isinstance(result, BrokenLinkError):  # behind a failed write: its error
+                after = links[partition].after
+                earlier = self._settled.get(after) if after is not None else None
+                if partition not in self._failures and earlier is not None:
+                    await asyncio.shield(earlier)  # its results are still on their way
                 failed_keys += self._fail(messages, self._failures.get(partition, result))
             elif isinstance(result, StreamsubError):
                 self._failures.setdefault(partition, result)

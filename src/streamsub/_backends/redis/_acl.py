@@ -5,8 +5,11 @@ subscribe, dead letters and admin as a user holding exactly this rule, so the
 two cannot drift. Keys are limited to ``ss:*``; commands to the data types
 streamsub stores (streams, hashes, sets, sorted sets: the Lua scripts' commands
 are checked too; GET and SET for the publishers' links, SCAN to find them when a
-topic is deleted), the scripts' own commands, and a few for connecting. No
-dangerous commands (FLUSHALL, CONFIG, KEYS, DEBUG, ...), no pub/sub channels.
+topic is deleted), the scripts' own commands, and a few for connecting: on
+Redis Cluster also CLUSTER SLOTS and COMMAND (redis-py's cluster client learns
+the slots' nodes and the commands' keys with them) and ASKING (a write into a
+migrating slot). No dangerous commands (FLUSHALL, CONFIG, KEYS, DEBUG, ...), no
+pub/sub channels.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ ACL_RULE = (
     "+@stream +@hash +@set +@sortedset "
     "+exists +del +time +get +set +scan "
     "+eval +evalsha +script|load "
-    "+ping +select +hello +info +memory|usage"
+    "+ping +select +hello +info +memory|usage +cluster|slots +command +asking"
 )
-"""ACL SETUSER rules, after ``on >password``: what a streamsub client needs on Redis 6.2+."""
+"""ACL SETUSER rules, after ``on >password``: what a streamsub client needs on Redis 6.2+
+(on every node of a cluster)."""

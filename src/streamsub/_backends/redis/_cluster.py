@@ -333,6 +333,19 @@ def _raised_in_redis_py(exc: BaseException) -> bool:
     return traceback.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
 
 
+def _refused_login(exc: BaseException) -> BaseException | None:
+    """The AuthenticationError or NOPERM behind ``exc``: redis-py's cluster client
+    reports a node that refused the user only as "cannot be connected"."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(
+            seen, rexc.AuthenticationError | rexc.AuthorizationError | rexc.NoPermissionError
+        ):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _keys_text(key: Any) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
 
@@ -412,6 +425,9 @@ class RedisClusterBackend(RedisBackend):
                     "higher max_connections"
                 ) from exc
             except _TRANSIENT as exc:
+                refused = _refused_login(exc)
+                if refused is not None:  # bad credentials or rights: not transient
+                    raise refused from None
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
                     f"{exc}); try again"
@@ -503,7 +519,9 @@ class RedisClusterBackend(RedisBackend):
         await self._redis.aclose()
 
     async def server_info(self) -> ServerInfo:
-        """The lowest version over the masters: what every partition's server has."""
+        """The lowest version over the masters: what every partition's server has;
+        and an evicting maxmemory-policy if any master has one (its partitions may
+        vanish), else the masters' common policy."""
         with self._errors():
             await self._redis.initialize()
             primaries = self._redis.get_primaries()
@@ -522,7 +540,8 @@ class RedisClusterBackend(RedisBackend):
             parts = [int(p) if p.isdigit() else 0 for p in raw.split(".")[:3]]
             versions.append(tuple([*parts, 0, 0, 0][:3]))
             policies.add(info.get("maxmemory_policy"))
-        policy = policies.pop() if len(policies) == 1 else None
+        evicting = sorted(str(p) for p in policies if p not in (None, "noeviction"))
+        policy = evicting[0] if evicting else policies.pop() if len(policies) == 1 else None
         return ServerInfo(min(versions), None if policy is None else str(policy))  # type: ignore[arg-type]
 
     async def read(
