@@ -114,6 +114,24 @@ def gate_nodes(client: RedisCluster, gates: NodeGates) -> None:
             finally:
                 self.share_startup_nodes()
                 self.gate_all()
+            await self.answering_default()
+
+        async def answering_default(self) -> None:
+            """Make the default node a master that answers PING. redis-py makes
+            it the first master, and asks it ``COMMAND`` right after this, so
+            a client made while that master is down (SIGKILLed, its replica not
+            yet promoted) could not start at all. Left as is if none answers."""
+            primaries = self.get_nodes_by_server_type("primary")
+            if self.default_node in primaries:  # try it first: no change when it answers
+                primaries.remove(self.default_node)
+                primaries.insert(0, self.default_node)
+            for node in primaries:
+                try:
+                    await node.execute_command("PING")
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+                    continue
+                self.default_node = node
+                return
 
         def share_startup_nodes(self) -> None:
             """Let a startup node be the node the cache has by that name, as
