@@ -410,6 +410,15 @@ class RedisClusterBackend(RedisBackend):
             try:
                 yield
             except NoFreeConnectionError as exc:
+                if exc.stalled:
+                    raise UnavailableError(
+                        f"a node of the Redis Cluster at {self.url} does not answer: {exc}. "
+                        "The node may be stalled or failing over (its replica takes over "
+                        "after about twice cluster-node-timeout): try again. Less likely, "
+                        "this client runs more slow commands at once than max_connections "
+                        "allows: lower its concurrency (subscribers, publishes) or raise "
+                        "max_connections"
+                    ) from exc
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is too busy for this client: {exc}; "
                     "give the client fewer concurrent subscribers and publishes, or a "
