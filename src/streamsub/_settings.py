@@ -201,7 +201,9 @@ class Durability:
       Slow: on Valkey 9.1 a ``WAITAOF`` with a replica takes about a second
       (the replica reports its fsync once a second). At most one is
       outstanding per connection, and it covers every batch sent before it,
-      so a batch waits one to two seconds for it however many are in flight;
+      so a batch waits one to two seconds for it however many are in flight
+      (never more than ``timeout`` in all: the next one waits what remains of
+      the earliest batch's);
       a topic has 4 batches in flight, so with the default batches a topic
       publishes about 2,000 msgs/s (measured: eight ``publish_many`` of 1,000
       messages at once took 4 s each).

@@ -367,10 +367,7 @@ class RedisBackend:
                     f"({exc}): the network or the server stalls. A publish may or may not "
                     "have been stored; try again once Redis answers"
                 ) from exc
-            raise UnavailableError(
-                f"cannot reach Redis at {self.url}: {exc}; check that the server runs "
-                "(`streamsub dev-server` starts one) and that STREAMSUB_URL or the URL is right"
-            ) from exc
+            raise UnavailableError(self._unreachable(exc)) from exc
         except rexc.ResponseError as exc:
             # Plain commands answer "OOM ...", scripts "... used memory > 'maxmemory'".
             if str(exc).startswith("OOM") or "> 'maxmemory'" in str(exc):
@@ -778,6 +775,13 @@ class RedisBackend:
                 f"within {durability.timeout:g} s (Durability): it may be lost if that "
                 "master fails now; publishing it again may store it twice"
             )
+
+    def _unreachable(self, exc: Exception) -> str:
+        """The message of the UnavailableError for a connection refused or lost."""
+        return (
+            f"cannot reach Redis at {self.url}: {exc}; check that the server runs "
+            "(`streamsub dev-server` starts one) and that STREAMSUB_URL or the URL is right"
+        )
 
     def _translated(self, exc: Exception) -> StreamsubError:
         """``exc`` (a reply in place of a result) as the error ``_errors`` makes of it."""

@@ -52,7 +52,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import random
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -60,7 +62,7 @@ from typing import Any
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from ..._errors import BackendError, InvalidArgumentError, UnavailableError
+from ..._errors import InvalidArgumentError, UnavailableError
 from ..._settings import Durability
 from ..base import Entry, OwnedRead, PartitionNode, ServerInfo, TopicRecord
 from . import _keys
@@ -77,6 +79,8 @@ from ._backend import (
 from ._in_order import InOrderConnection
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._slots import balanced_salts, key_slot
+
+log = logging.getLogger("streamsub")
 
 __all__ = ["CLUSTER_SCHEMES", "IDLE_POLL_FIRST", "IDLE_POLL_MAX", "RedisClusterBackend"]
 
@@ -419,6 +423,15 @@ class RedisClusterBackend(RedisBackend):
             try:
                 yield
             except NoFreeConnectionError as exc:
+                if exc.stalled:
+                    raise UnavailableError(
+                        f"a node of the Redis Cluster at {self.url} does not answer: {exc}. "
+                        "The node may be stalled or failing over (its replica takes over "
+                        "after about twice cluster-node-timeout): try again. Less likely, "
+                        "this client runs more slow commands at once than max_connections "
+                        "allows: lower its concurrency (subscribers, publishes) or raise "
+                        "max_connections"
+                    ) from exc
                 raise UnavailableError(
                     f"the Redis Cluster at {self.url} is too busy for this client: {exc}; "
                     "give the client fewer concurrent subscribers and publishes, or a "
@@ -445,14 +458,30 @@ class RedisClusterBackend(RedisBackend):
                     f"changes ({type(exc).__name__}: {exc}); try again"
                 ) from exc
 
+    def _unreachable(self, exc: Exception) -> str:
+        return (
+            f"cannot reach a node of the Redis Cluster at {self.url}: {exc}; a master that "
+            "is down is replaced by its replica after about twice cluster-node-timeout, so "
+            "try again; if no node answers, check that the cluster runs and that "
+            "STREAMSUB_URL or the URL is right"
+        )
+
     async def _slot_map(self) -> list[tuple[int, int, str, str | None]]:
         """The cluster's slot ranges as it says now (``CLUSTER SLOTS``, not
-        redis-py's cached view): (first, last, master's host:port, its node id)."""
+        redis-py's cached view): (first, last, master's host:port, its node id).
+        Asked of one node after another (in random order) until one answers: a
+        node may be down."""
         with self._errors():
             await self._redis.initialize()
-            raw = await self._redis.execute_command(
-                "CLUSTER", "SLOTS", target_nodes=self._redis.get_random_node()
-            )
+            nodes = self._redis.get_nodes()
+            random.shuffle(nodes)
+            for node in nodes:
+                try:
+                    raw = await self._redis.execute_command("CLUSTER", "SLOTS", target_nodes=node)
+                    break
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                    if isinstance(exc, rexc.AuthenticationError) or node is nodes[-1]:
+                        raise
         return [
             (
                 int(first),
@@ -478,6 +507,9 @@ class RedisClusterBackend(RedisBackend):
         )
 
     async def _on_masters(self, *command: Any) -> dict[str, Any]:
+        """``command``'s reply (or the error it answered) from every master that
+        answers: one that does not (down, or failing over) is left out, with a
+        warning naming it; UnavailableError when none answers."""
         with self._errors():
             await self._redis.initialize()  # the masters of now
             primaries = self._redis.get_primaries()
@@ -485,10 +517,30 @@ class RedisClusterBackend(RedisBackend):
                 *(self._redis.execute_command(*command, target_nodes=node) for node in primaries),
                 return_exceptions=True,
             )
-            for reply in replies:
-                if isinstance(reply, Exception) and not isinstance(reply, rexc.ResponseError):
+            answered: dict[str, Any] = {}
+            silent: list[tuple[str, BaseException]] = []
+            for node, reply in zip(primaries, replies, strict=True):
+                if not isinstance(reply, BaseException) or isinstance(reply, rexc.ResponseError):
+                    answered[node.name] = reply
+                elif isinstance(
+                    reply, rexc.ConnectionError | rexc.TimeoutError | OSError
+                ) and not isinstance(reply, rexc.AuthenticationError):
+                    silent.append((node.name, reply))
+                else:
                     raise reply
-        return {node.name: reply for node, reply in zip(primaries, replies, strict=True)}
+            if silent and not answered:
+                raise silent[0][1]
+        for name, exc in silent:
+            log.warning(
+                "streamsub: master %s of the Redis Cluster at %s did not answer %s (%s): "
+                "left out of the server checks (version, maxmemory-policy, fsync); it may "
+                "be down or failing over",
+                name,
+                self.url,
+                command[0],
+                exc,
+            )
+        return answered
 
     async def partition_nodes(self, topic: TopicRecord) -> list[str]:
         """Per partition, the ``host:port`` of the master that holds it now."""
@@ -519,21 +571,12 @@ class RedisClusterBackend(RedisBackend):
         await self._redis.aclose()
 
     async def server_info(self) -> ServerInfo:
-        """The lowest version over the masters: what every partition's server has;
-        and an evicting maxmemory-policy if any master has one (its partitions may
-        vanish), else the masters' common policy."""
-        with self._errors():
-            await self._redis.initialize()
-            primaries = self._redis.get_primaries()
-        infos = []
-        for node in primaries:
-            try:
-                with self._errors():
-                    infos.append(await self._redis.info(target_nodes=node))
-            except UnavailableError:
-                raise
-            except BackendError:
-                return ServerInfo((0, 0, 0), None)
+        """The lowest version over the masters that answer: what every partition's
+        server has; and an evicting maxmemory-policy if any master has one (its
+        partitions may vanish), else the masters' common policy."""
+        infos = list((await self._on_masters("INFO")).values())
+        if any(isinstance(info, Exception) for info in infos):
+            return ServerInfo((0, 0, 0), None)  # INFO refused (an ACL): nothing assumed
         versions, policies = [], set()
         for info in infos:
             raw = str(info.get("redis_version", "0.0.0"))

@@ -14,8 +14,13 @@ queue the calls behind each other, each waiting its full time (about a second
 for ``WAITAOF`` with replicas). Instead at most one is outstanding per
 connection: a call sent while one is outstanding waits for the next one, which
 is sent as soon as the outstanding one answers and covers every call sent
-meanwhile (a group commit). A call's confirmation is never taken from another
-connection: when the connection breaks, every call not yet confirmed fails.
+meanwhile (a group commit). Its time limit (the confirmation's last argument,
+in milliseconds) is what remains of the earliest call it covers, so that no
+call waits longer than that limit from when it was sent, though a later call
+of the group may get less (a call sent behind an outstanding confirmation
+first waits for it: the connection is blocked at the server). A call's
+confirmation is never taken from another connection: when the connection
+breaks, every call not yet confirmed fails.
 """
 
 from __future__ import annotations
@@ -72,7 +77,8 @@ class InOrderConnection:
         # and the calls it covers), and the calls sent after it that wait for
         # the next one.
         self._confirming: tuple[asyncio.Future[Any], list[asyncio.Future[Any]]] | None = None
-        self._unconfirmed: list[asyncio.Future[Any]] = []
+        # With the loop time each was sent at.
+        self._unconfirmed: list[tuple[asyncio.Future[Any], float]] = []
         self._confirm_command: tuple[Any, ...] | None = None
         self._confirm_tasks: set[asyncio.Task[None]] = set()
 
@@ -96,8 +102,9 @@ class InOrderConnection:
         """Send commands behind those already sent, in one write; return the
         futures of their replies (set to the exception for an error reply),
         and with ``confirm`` (a ``WAIT`` or ``WAITAOF`` command, the same on
-        every call) the future of the reply of the confirmation that covers
-        them, last: sent behind them now, or shared (see the module docstring).
+        every call, its time limit in milliseconds last) the future of the
+        reply of the confirmation that covers them, last: sent behind them
+        now, or shared (see the module docstring).
         Once this returns the commands are on their way: a caller that sends
         under a lock of its own orders them against other connections' too."""
         loop = asyncio.get_running_loop()
@@ -120,7 +127,7 @@ class InOrderConnection:
                         sent.append(confirm)
                         replies.append(confirmation)
                     else:  # the next one, sent once the outstanding one answers
-                        self._unconfirmed.append(confirmed)
+                        self._unconfirmed.append((confirmed, loop.time()))
                 self._waiting.extend((future, deadline) for future in replies)
                 if confirmation is not None and confirmed is not None:
                     self._confirm_with(confirmation, [confirmed])
@@ -171,9 +178,10 @@ class InOrderConnection:
         """Send one confirmation for every call that waits for one."""
         loop = asyncio.get_running_loop()
         async with self._send_lock:
-            group, self._unconfirmed = self._unconfirmed, []
-            if not group:
+            sent, self._unconfirmed = self._unconfirmed, []
+            if not sent:
                 return
+            group = [confirmed for confirmed, _ in sent]
             if self._confirming is not None:  # sent meanwhile, behind these calls: it covers them
                 self._confirming[1].extend(group)
                 return
@@ -183,6 +191,9 @@ class InOrderConnection:
                     if not confirmed.done():
                         confirmed.set_exception(rexc.ConnectionError("the connection was lost"))
                 return
+            # What remains of the earliest call's limit (at least 1 ms: 0 waits forever).
+            waited_ms = (loop.time() - min(at for _, at in sent)) * 1000
+            command = (*command[:-1], max(1, int(command[-1] - waited_ms)))
             confirmation = loop.create_future()
             self._waiting.append((confirmation, loop.time() + self._timeout))
             self._confirm_with(confirmation, group)
@@ -251,7 +262,7 @@ class InOrderConnection:
         self._confirming = None
         unconfirmed, self._unconfirmed = self._unconfirmed, []
         waiting, self._waiting = self._waiting, collections.deque()
-        for future in unconfirmed:
+        for future, _ in unconfirmed:
             if not future.done():
                 future.set_exception(
                     exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc))
@@ -286,7 +297,7 @@ class InOrderConnection:
             task.cancel()
         self._confirming = None
         unconfirmed, self._unconfirmed = self._unconfirmed, []
-        for future in unconfirmed:
+        for future, _ in unconfirmed:
             if not future.done():
                 future.set_exception(rexc.ConnectionError("the connection was closed"))
         if connection is not None:

@@ -19,6 +19,12 @@ node objects itself (on discovery, on ``MOVED``), with no hook to make them
 another class, so :func:`gate_nodes` gives the client's ``NodesManager`` a
 subclass that turns each node it hands out into a gated one (same slots, so
 only the class changes). Checked on redis-py 5.0.1 and 7.x.
+
+A wait that runs out says whether the node answered any of the client's
+commands meanwhile: if not, it is the node that stalls (hung, cut off, failing
+over), not the client that is too busy. The same ``NodesManager`` subclass
+also keeps redis-py's default node (asked ``COMMAND`` at every topology
+refresh) one that answers, so that a client can start while a master is down.
 """
 
 from __future__ import annotations
@@ -36,7 +42,14 @@ __all__ = ["NoFreeConnectionError", "NodeGates", "gate_nodes"]
 
 class NoFreeConnectionError(rexc.RedisError):
     """Every connection to a node stayed busy for the whole wait. Not a
-    ``ConnectionError``: redis-py would close the whole client for one."""
+    ``ConnectionError``: redis-py would close the whole client for one.
+    ``stalled``: the node answered none of this client's commands during the
+    wait (every connection waits on one it has not answered), rather than
+    each connection freed being taken by another command."""
+
+    def __init__(self, message: str, *, stalled: bool) -> None:
+        super().__init__(message)
+        self.stalled = stalled
 
 
 class NodeGates:
@@ -47,6 +60,8 @@ class NodeGates:
         self.limit = limit
         self.timeout = timeout
         self._places: dict[str, asyncio.Semaphore] = {}
+        self._answered: dict[str, int] = {}
+        """Per node, how many commands it answered so far (a reply or an error reply)."""
 
     @contextlib.asynccontextmanager
     async def place(self, node: str) -> AsyncIterator[None]:
@@ -54,16 +69,30 @@ class NodeGates:
         places = self._places.get(node)
         if places is None:
             places = self._places[node] = asyncio.Semaphore(self.limit)
+        answered = self._answered.get(node, 0)
         try:
             async with asyncio.timeout(self.timeout):
                 await places.acquire()
         except TimeoutError:
+            if self._answered.get(node, 0) == answered:
+                raise NoFreeConnectionError(
+                    f"no free connection to node {node} within {self.timeout:g} s (the socket "
+                    "timeout), and the node answered none of this client's commands meanwhile: "
+                    f"its {self.limit} connections wait on commands it has not answered",
+                    stalled=True,
+                ) from None
             raise NoFreeConnectionError(
-                f"no free connection to {node} within {self.timeout:g} s: all "
-                f"{self.limit} of this client's connections to it stayed busy"
+                f"no free connection to node {node} within {self.timeout:g} s: each of this "
+                f"client's {self.limit} connections to it freed was taken by another command",
+                stalled=False,
             ) from None
         try:
             yield
+        except rexc.ResponseError:
+            self._answered[node] = self._answered.get(node, 0) + 1
+            raise
+        else:
+            self._answered[node] = self._answered.get(node, 0) + 1
         finally:
             places.release()
 
@@ -114,6 +143,24 @@ def gate_nodes(client: RedisCluster, gates: NodeGates) -> None:
             finally:
                 self.share_startup_nodes()
                 self.gate_all()
+            await self.answering_default()
+
+        async def answering_default(self) -> None:
+            """Make the default node a master that answers PING. redis-py makes
+            it the first master, and asks it ``COMMAND`` right after this, so
+            a client made while that master is down (SIGKILLed, its replica not
+            yet promoted) could not start at all. Left as is if none answers."""
+            primaries = self.get_nodes_by_server_type("primary")
+            if self.default_node in primaries:  # try it first: no change when it answers
+                primaries.remove(self.default_node)
+                primaries.insert(0, self.default_node)
+            for node in primaries:
+                try:
+                    await node.execute_command("PING")
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+                    continue
+                self.default_node = node
+                return
 
         def share_startup_nodes(self) -> None:
             """Let a startup node be the node the cache has by that name, as

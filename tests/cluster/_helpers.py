@@ -1,0 +1,81 @@
+"""Shared helpers of the issue-9 review tests (real clusters only)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from streamsub._backends.redis import _keys
+from streamsub._backends.redis._slots import key_slot
+from streamsub.testing import RedisClusterServers
+
+
+def partition_slot(cluster: RedisClusterServers, topic: str, partition: int) -> int:
+    inspect = cluster.client()
+    try:
+        salts = [int(s) for s in inspect.hget(_keys.topic_key(topic), "salts").split()]
+    finally:
+        inspect.close()
+    return key_slot(_keys.stream_key(_keys.partition_tag(topic, partition, salts[partition])))
+
+
+def owner_port(cluster: RedisClusterServers, slot: int) -> int:
+    for port in cluster.master_ports():
+        node = cluster.node(port)
+        try:
+            for first, last, (_host, p, *_), *_ in node.execute_command("CLUSTER", "SLOTS"):
+                if first <= slot <= last:
+                    return int(p)
+        finally:
+            node.close()
+    raise AssertionError(f"no owner for slot {slot}")
+
+
+@contextlib.contextmanager
+def slot_held_migrating(cluster: RedisClusterServers, slot: int) -> Iterator[tuple[int, int]]:
+    """Put ``slot`` in MIGRATING (source) / IMPORTING (target) state and move
+    all its keys to the target, as redis-cli --cluster reshard does between its
+    MIGRATE calls and its final SETSLOT NODE; hold it so while the block runs,
+    then finish the move (SETSLOT NODE everywhere)."""
+    source_port = owner_port(cluster, slot)
+    masters = cluster.master_ports()
+    target_port = next(p for p in masters if p != source_port)
+    source, target = cluster.node(source_port), cluster.node(target_port)
+    others = [cluster.node(p) for p in masters if p not in (source_port, target_port)]
+    try:
+        target_id = target.execute_command("CLUSTER", "MYID").decode()
+        source_id = source.execute_command("CLUSTER", "MYID").decode()
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *keys)
+        try:
+            yield source_port, target_port
+        finally:
+            for node in (target, source, *others):
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    finally:
+        for node in (source, target, *others):
+            node.close()
+
+
+def emptied(cluster: RedisClusterServers) -> None:
+    inspect = cluster.client()
+    try:
+        inspect.flushall()
+    finally:
+        inspect.close()
+
+
+async def warm_pool(backend: Any, port: int, n: int = 4) -> None:
+    """Leave ``n`` free pooled connections to the node at ``port`` in the
+    client's redis-py cluster client (as a busy client has)."""
+    import asyncio
+
+    redis = backend._redis
+    await redis.initialize()
+    node = redis.get_node(host="127.0.0.1", port=port)
+    await asyncio.gather(
+        *(redis.execute_command("WAIT", 5, 50, target_nodes=node) for _ in range(n))
+    )
