@@ -89,11 +89,11 @@ _RECLAIM_STATES: tuple[ReclaimState, ...] = ("deliver", "exhausted", "lost")
 """Index = the state number reclaim.lua returns."""
 
 
-def _script(name: str, *, ids: bool = False) -> str:
-    """A script's source; ``ids``: with the id helpers of ``_ids.lua`` before it."""
+def _script(name: str, *helpers: str) -> str:
+    """A script's source, with the sources of ``helpers`` (``_ids.lua``: entry id
+    comparisons; ``_dead_letter_append.lua``) before it."""
     scripts = resources.files(__package__).joinpath("scripts")
-    source = scripts.joinpath(name).read_text()
-    return scripts.joinpath("_ids.lua").read_text() + source if ids else source
+    return "".join(scripts.joinpath(part).read_text() for part in (*helpers, name))
 
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
@@ -263,10 +263,10 @@ class RedisBackend:
         self._extend = _Script(_script("extend.lua"))
         self._nack = _Script(_script("nack.lua"))
         self._reclaim = _Script(_script("reclaim.lua"))
-        self._dead_letter = _Script(_script("dead_letter.lua"))
+        self._dead_letter = _Script(_script("dead_letter.lua", "_dead_letter_append.lua"))
         self._ack_owned = _Script(_script("ack_owned.lua"))
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
-        self._trim = _Script(_script("trim.lua", ids=True))
+        self._trim = _Script(_script("trim.lua", "_ids.lua"))
         self._unlock = _Script(_script("unlock.lua"))
         self._set_field = _Script(_script("set_field.lua"))
         self._replace_hash = _Script(_script("replace_hash.lua"))
@@ -278,7 +278,7 @@ class RedisBackend:
         self._own = _Script(_script("own.lua"))
         self._fence = _Script(_script("fence.lua"))
         self._read_owned = _Script(_script("read_owned.lua"))
-        self._hold = _Script(_script("snapshot.lua", ids=True))
+        self._hold = _Script(_script("snapshot.lua", "_ids.lua"))
         self._partition_tags: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
         self._stream_keys: dict[tuple[str, int, tuple[int, ...]], list[str]] = {}
         self._partition_of: dict[bytes, int] = {}

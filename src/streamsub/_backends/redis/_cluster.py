@@ -691,7 +691,9 @@ class RedisClusterBackend(RedisBackend):
         scripts: dict[str, _Script] = self.__dict__.setdefault("_cluster_scripts", {})
         step = scripts.get("dead_letter_steps.lua")
         if step is None:
-            step = scripts["dead_letter_steps.lua"] = _Script(_script("dead_letter_steps.lua"))
+            step = scripts["dead_letter_steps.lua"] = _Script(
+                _script("dead_letter_steps.lua", "_dead_letter_append.lua")
+            )
         with self._errors():
             held = await self._evalsha(step, [stream, times], ["check", group, consumer, entry_id])
             if not held:

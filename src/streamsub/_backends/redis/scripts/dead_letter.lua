@@ -33,19 +33,7 @@ local clock = redis.call('TIME')
 local now = tostring(tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000))
 if last == '' then last = now end
 if first == '' then first = last end
-local n, pos = struct.unpack('>I2', blob, 1)
-local args = {'XADD', target, '*'}
-for j = 1, n do
-  local len
-  len, pos = struct.unpack('>I4', blob, pos)
-  args[#args + 1] = string.sub(blob, pos, pos + len - 1)
-  pos = pos + len
-end
-args[#args + 1] = 'a:streamsub.first_delivery_ms'
-args[#args + 1] = first
-args[#args + 1] = 'a:streamsub.last_delivery_ms'
-args[#args + 1] = last
-local new_id = redis.call(unpack(args))
+local new_id = append_dead_letter(target, blob, first, last)
 redis.call('XACK', source, group, id)
 redis.call('HDEL', times, id)
 redis.call('ZREM', delays, id)

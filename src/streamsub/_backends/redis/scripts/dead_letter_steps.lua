@@ -34,19 +34,7 @@ elseif step == 'append' then
   if redis.call('EXISTS', target) == 0 then
     return redis.error_reply('NOTOPIC dead-letter stream ' .. target .. ' does not exist')
   end
-  local n, pos = struct.unpack('>I2', blob, 1)
-  local args = {'XADD', target, '*'}
-  for j = 1, n do
-    local len
-    len, pos = struct.unpack('>I4', blob, pos)
-    args[#args + 1] = string.sub(blob, pos, pos + len - 1)
-    pos = pos + len
-  end
-  args[#args + 1] = 'a:streamsub.first_delivery_ms'
-  args[#args + 1] = first
-  args[#args + 1] = 'a:streamsub.last_delivery_ms'
-  args[#args + 1] = last
-  return redis.call(unpack(args))
+  return append_dead_letter(target, blob, first, last)
 elseif step == 'ack' then
   local source, times, delays = KEYS[1], KEYS[2], KEYS[3]
   local group, consumer, id = ARGV[2], ARGV[3], ARGV[4]

@@ -1,0 +1,18 @@
+-- Appending a dead letter, prepended to the scripts that do it: ``blob`` is the
+-- message's fields packed (a 2-byte count, then per field a 4-byte length and
+-- the bytes), appended with its first and last delivery times as attributes.
+local function append_dead_letter(target, blob, first, last)
+  local n, pos = struct.unpack('>I2', blob, 1)
+  local args = {'XADD', target, '*'}
+  for _ = 1, n do
+    local len
+    len, pos = struct.unpack('>I4', blob, pos)
+    args[#args + 1] = string.sub(blob, pos, pos + len - 1)
+    pos = pos + len
+  end
+  args[#args + 1] = 'a:streamsub.first_delivery_ms'
+  args[#args + 1] = first
+  args[#args + 1] = 'a:streamsub.last_delivery_ms'
+  args[#args + 1] = last
+  return redis.call(unpack(args))
+end
