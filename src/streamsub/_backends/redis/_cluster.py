@@ -400,6 +400,9 @@ class RedisClusterBackend(RedisBackend):
     ) -> None:
         self._idle: dict[tuple[str, str, str], float] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
+        self._dead_letter_steps = _Script(
+            _script("dead_letter_steps.lua", "_dead_letter_append.lua")
+        )
         super().__init__(
             url,
             max_connections=max_connections,
@@ -688,12 +691,7 @@ class RedisClusterBackend(RedisBackend):
         # The two streams are in different slots: append, then acknowledge.
         stream, delays, times = self._companions(topic, partition, group)
         target_key = self._keys(target)[target_partition]
-        scripts: dict[str, _Script] = self.__dict__.setdefault("_cluster_scripts", {})
-        step = scripts.get("dead_letter_steps.lua")
-        if step is None:
-            step = scripts["dead_letter_steps.lua"] = _Script(
-                _script("dead_letter_steps.lua", "_dead_letter_append.lua")
-            )
+        step = self._dead_letter_steps
         with self._errors():
             held = await self._evalsha(step, [stream, times], ["check", group, consumer, entry_id])
             if not held:
