@@ -53,9 +53,10 @@ redis-py's cluster client. What differs:
   also ask one of the slot's replicas, after ``READONLY`` on a connection of
   the client's own to it, once the master refused the connection or has not
   answered within :data:`NEXT_NODE_AFTER`; the first answer counts. A
-  replica's copy lags its master by the replication delay (usually well under
-  a millisecond, more under load or after a network cut), so a record changed
-  or created just before may be read as it was. Writes never go to replicas,
+  replica's copy lags its master by the replication delay (the time to ship
+  a write on a healthy link; more under load, and a stalled master's replica
+  has what reached it before the stall), so a record changed or created just
+  before may be read as it was. Writes never go to replicas,
   and the pooled connections never get ``READONLY`` (which would let other
   reads of a stale view of the cluster be answered by a replica). The slot map
   (``CLUSTER SLOTS``) is asked of the next node the same way.
@@ -179,11 +180,11 @@ def _no_answer(exc: BaseException) -> bool:
 
 async def _first_answer(attempts: Sequence[Callable[[], Awaitable[T]]], patience: float) -> T:
     """The result of the first of ``attempts`` (each asking one node) that
-    answers. The first starts at once; the next one when every attempt
-    running failed with no answer from its node (:func:`_no_answer`), or
-    after ``patience`` seconds without a result. Any other error is raised at
-    once; when every attempt failed, the first one's error. Attempts still
-    running are cancelled."""
+    answers. The first starts at once; the next one as soon as one running
+    fails with no answer from its node (:func:`_no_answer`), or after
+    ``patience`` seconds without a result. Any other error is raised at once;
+    when every attempt failed, the first one's error. Attempts still running
+    are cancelled."""
     waiting = list(attempts)
     started: list[asyncio.Future[T]] = []
     running: set[asyncio.Future[T]] = set()
@@ -690,6 +691,7 @@ class RedisClusterBackend(RedisBackend):
         finally:
             for pending in reads:
                 pending.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
         return replies
 
     async def _on_replicas(self, master: str, commands: list[tuple[Any, ...]]) -> list[Any]:
