@@ -481,25 +481,34 @@ class RedisBackend:
             await self._redis.sadd(registry, name)
         return existing
 
+    async def _read(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """The replies to ``commands``, read-only commands on records and
+        registries (``HGETALL``, ``SMEMBERS``), in order; pipelined when there
+        are several. (The cluster backend asks a replica while a master is down.)"""
+        if len(commands) == 1:
+            return [await self._redis.execute_command(*commands[0])]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute())
+
     async def _get(self, key: str) -> dict[str, str] | None:
         with self._errors():
-            raw = await self._redis.hgetall(key)
+            (raw,) = await self._read(("HGETALL", key))
         if not raw:
             return None
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     async def _list(self, registry: str) -> list[dict[str, str]]:
         with self._errors():
-            names = sorted(n.decode() for n in await self._redis.smembers(registry))
+            (members,) = await self._read(("SMEMBERS", registry))
+            names = sorted(n.decode() for n in members)
             prefix = {
                 _keys.TOPICS: _keys.topic_key,
                 _keys.SUBSCRIPTIONS: _keys.subscription_key,
                 _keys.SNAPSHOTS: _keys.snapshot_key,
             }[registry]
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.hgetall(prefix(name))
-                raws = await pipe.execute()
+            raws = await self._read(*(("HGETALL", prefix(name)) for name in names))
         return [{k.decode(): v.decode() for k, v in raw.items()} for raw in raws if raw]
 
     @staticmethod

@@ -46,18 +46,33 @@ redis-py's cluster client. What differs:
 - **Dead letters**: the dead-letter stream is in another slot, so the move is
   append first, then an owner-checked acknowledgement: a crash between the two
   can duplicate a dead letter, never lose one.
+- **Records while a master is down**: a master that is killed or stalls is
+  replaced by its replica only after about twice ``cluster-node-timeout``.
+  Meanwhile reads of topic, subscription and snapshot records and of their
+  lists (what get, list, ``topic describe`` and ``locate_partitions`` read)
+  also ask one of the slot's replicas, after ``READONLY`` on a connection of
+  the client's own to it, once the master refused the connection or has not
+  answered within :data:`NEXT_NODE_AFTER`; the first answer counts. A
+  replica's copy lags its master by the replication delay (the time to ship
+  a write on a healthy link; more under load, and a stalled master's replica
+  has what reached it before the stall), so a record changed or created just
+  before may be read as it was. Writes never go to replicas,
+  and the pooled connections never get ``READONLY`` (which would let other
+  reads of a stale view of the cluster be answered by a replica). The slot map
+  (``CLUSTER SLOTS``) is asked of the next node the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -82,7 +97,15 @@ from ._slots import balanced_salts, key_slot
 
 log = logging.getLogger("streamsub")
 
-__all__ = ["CLUSTER_SCHEMES", "IDLE_POLL_FIRST", "IDLE_POLL_MAX", "RedisClusterBackend"]
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "IDLE_POLL_FIRST",
+    "IDLE_POLL_MAX",
+    "NEXT_NODE_AFTER",
+    "RedisClusterBackend",
+]
+
+T = TypeVar("T")
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 IDLE_POLL_FIRST = 0.002
@@ -92,6 +115,12 @@ IDLE_POLL_MAX = 0.1
 arrives after an idle spell waits for its poll."""
 MAX_REDIRECTS = 5
 """How often one batch may be redirected (MOVED/ASK) before its publish fails."""
+NEXT_NODE_AFTER = 1.0
+"""Seconds a read of records (or of the slot map) waits for a node's answer
+before it asks the next node too (a replica of the slot's master; another node
+for the map). A one-key read that a master has not answered in a second means
+a master that stalls (hung, cut off): its replica takes over only after about
+twice cluster-node-timeout."""
 
 _TRANSIENT = (
     rexc.ClusterDownError,
@@ -137,6 +166,64 @@ def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     if scheme == "rediss+cluster":
         options["ssl"] = True
     return nodes, options
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether ``exc`` says a node gave no answer (down, unreachable, stalled),
+    rather than an answer (an error reply, refused credentials)."""
+    if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+        return False
+    if isinstance(exc, NoFreeConnectionError):
+        return exc.stalled
+    return isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError)
+
+
+async def _first_answer(attempts: Sequence[Callable[[], Awaitable[T]]], patience: float) -> T:
+    """The result of the first of ``attempts`` (each asking one node) that
+    answers. The first starts at once; the next one as soon as one running
+    fails with no answer from its node (:func:`_no_answer`), or after
+    ``patience`` seconds without a result. Any other error is raised at once;
+    when every attempt failed, the first one's error. Attempts still running
+    are cancelled."""
+    waiting = list(attempts)
+    started: list[asyncio.Future[T]] = []
+    running: set[asyncio.Future[T]] = set()
+    try:
+        while waiting or running:
+            if waiting:
+                started.append(asyncio.ensure_future(waiting.pop(0)()))
+                running.add(started[-1])
+            done, running = await asyncio.wait(
+                running, timeout=patience if waiting else None, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                exc = task.exception()
+                if exc is None:
+                    return task.result()
+                if not _no_answer(exc):
+                    raise exc
+        failure = started[0].exception()
+        assert failure is not None  # every attempt failed
+        raise failure
+    finally:
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+
+
+def _replicas_in(cluster_nodes: str, master: str) -> list[str]:
+    """The ``host:port`` of each replica of ``master`` (``host:port``) that is not
+    marked failing, in a ``CLUSTER NODES`` reply."""
+    lines = [line.split() for line in cluster_nodes.splitlines() if line.strip()]
+    ids = [fields[0] for fields in lines if fields[1].split("@")[0] == master]
+    return [
+        fields[1].split("@")[0]
+        for fields in lines
+        if ids
+        and fields[3] == ids[0]
+        and not {"fail", "fail?", "noaddr", "handshake"} & set(fields[2].split(","))
+    ]
 
 
 class _NotConnected(rexc.ConnectionError):
@@ -400,6 +487,9 @@ class RedisClusterBackend(RedisBackend):
     ) -> None:
         self._idle: dict[tuple[str, str, str], float] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
+        self._replicas: dict[str, InOrderConnection] = {}
+        """Per replica (``host:port``) asked for records while its master was
+        down: a connection of this client's own, each read sent behind ``READONLY``."""
         self._dead_letter_steps = _Script(
             _script("dead_letter_steps.lua", "_dead_letter_append.lua")
         )
@@ -478,13 +568,11 @@ class RedisClusterBackend(RedisBackend):
             await self._redis.initialize()
             nodes = self._redis.get_nodes()
             random.shuffle(nodes)
-            for node in nodes:
-                try:
-                    raw = await self._redis.execute_command("CLUSTER", "SLOTS", target_nodes=node)
-                    break
-                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-                    if isinstance(exc, rexc.AuthenticationError) or node is nodes[-1]:
-                        raise
+            ask = self._redis.execute_command
+            raw = await _first_answer(
+                [functools.partial(ask, "CLUSTER", "SLOTS", target_nodes=node) for node in nodes],
+                NEXT_NODE_AFTER,
+            )
         return [
             (
                 int(first),
@@ -569,8 +657,91 @@ class RedisClusterBackend(RedisBackend):
             located.append(PartitionNode(partition, found[0][0], found[0][1]))
         return located
 
+    async def _read(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """The replies to read-only record commands (``HGETALL``, ``SMEMBERS``;
+        the key second), in order: per master, pipelined to it and, once it
+        refused the connection or has not answered within
+        :data:`NEXT_NODE_AFTER`, to a replica of it (see the module docstring,
+        Records while a master is down). A replica's answer may lag the
+        master's by the replication delay."""
+        await self._redis.initialize()
+        slots = self._redis.nodes_manager.slots_cache
+        groups: dict[str, list[int]] = {}
+        for i, command in enumerate(commands):
+            holders = slots.get(key_slot(_keys_text(command[1])))
+            groups.setdefault(holders[0].name if holders else "", []).append(i)
+        on_master = super()._read
+        replies: list[Any] = [None] * len(commands)
+
+        async def read(master: str, indexes: list[int]) -> None:
+            batch = [commands[i] for i in indexes]
+            answers = await _first_answer(
+                [
+                    functools.partial(on_master, *batch),
+                    functools.partial(self._on_replicas, master, batch),
+                ],
+                NEXT_NODE_AFTER,
+            )
+            for i, answer in zip(indexes, answers, strict=True):
+                replies[i] = answer
+
+        reads = [asyncio.ensure_future(read(*group)) for group in groups.items()]
+        try:
+            await asyncio.gather(*reads)
+        finally:
+            for pending in reads:
+                pending.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+        return replies
+
+    async def _on_replicas(self, master: str, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """``commands``' replies from a replica of ``master`` (``host:port``),
+        as the other nodes list them now (``CLUSTER NODES``: ``CLUSTER SLOTS``,
+        and so redis-py, leaves out a replica until gossip brought its
+        replication offset), asked one after another as :func:`_first_answer` does."""
+        others = [node for node in self._redis.get_nodes() if node.name != master]
+        random.shuffle(others)
+        ask = self._redis.execute_command
+        listing = await _first_answer(
+            [functools.partial(ask, "CLUSTER", "NODES", target_nodes=node) for node in others],
+            NEXT_NODE_AFTER,
+        )
+        replicas = _replicas_in(_keys_text(listing), master)
+        if not replicas:
+            raise rexc.ConnectionError(f"{master} does not answer and has no replica to ask")
+        return await _first_answer(
+            [functools.partial(self._on_replica, address, commands) for address in replicas],
+            NEXT_NODE_AFTER,
+        )
+
+    async def _on_replica(self, address: str, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """``commands``' replies from the replica at ``address``, sent behind
+        ``READONLY`` on this client's own connection to it (never a pooled
+        one: see the module docstring)."""
+        connection = self._replicas.get(address)
+        if connection is None:
+            host, _, port = address.rpartition(":")
+            node = ClusterNode(host, int(port), "replica", **self._redis.connection_kwargs)
+            connection = self._replicas[address] = InOrderConnection(
+                _NodeClient(node),  # type: ignore[arg-type]
+                timeout=self._socket_timeout,
+                health_check_interval=HEALTH_CHECK_INTERVAL,
+            )
+        replies = await connection.call_many([("READONLY",), *commands])
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        callbacks = self._redis.response_callbacks
+        return [
+            callbacks[command[0]](reply) if command[0] in callbacks else reply
+            for command, reply in zip(commands, replies[1:], strict=True)
+        ]
+
     async def close(self) -> None:
         await self._appender.close()
+        for connection in self._replicas.values():
+            await connection.close()
+        self._replicas.clear()
         await self._redis.aclose()
 
     async def server_info(self) -> ServerInfo:
