@@ -71,12 +71,17 @@ class FlowControl:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class BatchSettings:
-    """When the publisher writes a batch: at the first limit reached.
+    """When the publisher writes a batch.
 
-    ``max_messages`` (default 1000) and ``max_bytes`` (default 1 MiB) bound a
-    batch; ``max_latency`` (default 0.005 s) bounds how long a message waits
-    for companions. A batch is one server-side script call per partition, so
-    larger batches cost fewer round trips.
+    Batching is adaptive: while none of the topic's writes is in flight, what
+    is queued is written at once (a lone ``publish`` waits for no timer, nor
+    does a ``publish_many``); while writes are in flight, messages gather into
+    the next batch, which goes out when one comes back or at the first limit
+    reached. ``max_messages`` (default 1000) and ``max_bytes`` (default 1 MiB)
+    bound a batch; ``max_latency`` (default 0.005 s) is a ceiling on how long a
+    message waits for companions behind writes in flight, never a floor. A
+    batch is one server-side script call per partition, so larger batches cost
+    fewer round trips.
     """
 
     max_messages: int = 1000

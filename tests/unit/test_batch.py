@@ -129,3 +129,42 @@ def test_taken_batch_is_not_changed_by_later_adds() -> None:
     taken = b.take()
     b.add(0, b"m", 1, "b", now=0.0)
     assert taken == {0: [(b"m", "a")]}
+
+
+def test_an_empty_batch_is_never_due() -> None:
+    """due is None for an empty batch, however many writes are in flight."""
+    b = batcher()
+    assert b.due(writes_in_flight=0) is None
+    assert b.due(writes_in_flight=3) is None
+
+
+def test_a_batch_is_due_at_once_while_the_writer_is_free() -> None:
+    """With no write in flight the batch is already due: its due time is its
+    first message's, not that plus max_latency."""
+    b = batcher(max_latency=0.25)
+    b.add(0, b"m", 1, "a", now=10.0)
+    b.add(0, b"m", 1, "b", now=10.1)
+    assert b.due(writes_in_flight=0) == pytest.approx(10.0)
+
+
+def test_while_writes_are_in_flight_max_latency_is_the_ceiling() -> None:
+    """With a write in flight the batch waits, at most max_latency after its first message."""
+    b = batcher(max_latency=0.25)
+    b.add(0, b"m", 1, "a", now=10.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(10.25)
+    assert b.due(writes_in_flight=4) == b.deadline()
+
+
+def test_free_below_sets_how_many_writes_leave_the_writer_free() -> None:
+    """With free_below=2 one write in flight still leaves the writer free; two do not."""
+    settings = BatchSettings(max_latency=0.5)
+    b: Batcher[str] = Batcher(settings, free_below=2)
+    b.add(0, b"m", 1, "a", now=3.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(3.0)
+    assert b.due(writes_in_flight=2) == pytest.approx(3.5)
+
+
+def test_free_below_must_be_positive() -> None:
+    """A batcher whose writer is never free would send only on its timer: refused."""
+    with pytest.raises(ValueError, match="free_below"):
+        Batcher(BatchSettings(), free_below=0)

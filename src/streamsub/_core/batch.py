@@ -1,8 +1,12 @@
 """The publisher's batch: messages wait here until one write takes them all.
 
-A batch closes at the first of ``BatchSettings``' limits: message count, bytes,
-or the latency of its oldest message. It groups messages by partition, since a
-write is one script call per partition.
+A batch closes when it is full (``BatchSettings``' message count or bytes), or
+when it is due (:meth:`Batcher.due`): at once while the writer is free, that is
+while fewer than ``free_below`` writes are in flight, else when its oldest
+message has waited ``max_latency``. A write in flight is the batching window:
+a lone publish goes out at once, and batches grow only while earlier ones are
+on their way; the time limit is a ceiling, never a floor. It groups messages by
+partition, since a write is one script call per partition.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ Batch = dict[int, list[tuple[bytes, T]]]
 class Batcher(Generic[T]):
     """Collects messages into one open batch; the caller takes it when it closes."""
 
-    __slots__ = ("_bytes", "_count", "_open", "_opened_at", "_settings")
+    __slots__ = ("_bytes", "_count", "_free_below", "_open", "_opened_at", "_settings")
 
-    def __init__(self, settings: BatchSettings) -> None:
+    def __init__(self, settings: BatchSettings, *, free_below: int = 1) -> None:
+        if free_below < 1:
+            raise ValueError(f"free_below must be at least 1, got {free_below}")
         self._settings = settings
+        self._free_below = free_below
         self._open: Batch[T] = {}
         self._count = 0
         self._bytes = 0
@@ -53,9 +60,22 @@ class Batcher(Generic[T]):
         return self._count >= settings.max_messages or self._bytes >= settings.max_bytes
 
     def deadline(self) -> float | None:
-        """When the open batch must be taken at the latest (None when empty)."""
+        """When the open batch must be taken at the latest, however busy the
+        writer (None when empty)."""
         if self._count == 0:
             return None
+        return self._opened_at + self._settings.max_latency
+
+    def due(self, writes_in_flight: int) -> float | None:
+        """When the open batch is to be taken, given the writes now in flight:
+        None when it is empty; the time of its first message (so, already due)
+        while the writer is free (fewer than ``free_below`` writes in flight);
+        else its :meth:`deadline`, until a write comes back and frees the writer.
+        """
+        if self._count == 0:
+            return None
+        if writes_in_flight < self._free_below:
+            return self._opened_at
         return self._opened_at + self._settings.max_latency
 
     def take(self) -> Batch[T]:

@@ -1,9 +1,14 @@
 """The publisher: one flusher task per topic writes batches, in order.
 
-A batch is written while the next one fills, so under load batches grow by
-themselves and round trips stay few. Up to four batches are in flight, sent
-one behind the other on one connection, which Redis runs in order: messages of
-one ordering key stay in publish order.
+Batching is adaptive (the rule is in ``_core/batch.py``): while no write is in
+flight the writer is free, and what is queued goes out at once, so a lone
+``publish`` costs one round trip and a ``publish_many`` never waits for a
+timer. While writes are in flight, messages gather into the next batch until it
+is full, a write comes back, or its oldest message has waited
+``BatchSettings.max_latency``: a write in flight is the batching window, so
+under load batches grow by themselves and round trips stay few. Up to four
+batches are in flight, sent one behind the other on one connection, which
+Redis runs in order: messages of one ordering key stay in publish order.
 
 A write that fails fails the publishes of its messages with the backend's
 error (per partition: a batch's other partitions may be stored) and pauses
@@ -70,6 +75,9 @@ log = logging.getLogger("streamsub")
 
 MAX_IN_FLIGHT = 4
 """Batches written at once: Redis appends one while the next is on its way."""
+WRITER_FREE_BELOW = 1
+"""The writer is free, and a batch goes out at once, while fewer writes than
+this are in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
 _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
 
@@ -256,7 +264,7 @@ class TopicPublisher:
         self._topic = topic
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
-        self._batcher: Batcher[_Token] = Batcher(settings)
+        self._batcher: Batcher[_Token] = Batcher(settings, free_below=WRITER_FREE_BELOW)
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
         self._key_partitions: dict[str, int] = {}
         self._paused = PausedKeys()
@@ -452,8 +460,9 @@ class TopicPublisher:
             self._unsettled[partition] -= 1
             if not self._unsettled[partition]:
                 del self._unsettled[partition]
-        if task.cancelled() or task.exception() is not None:
-            self._wake.set()  # the flusher takes it up and stops
+        # The writer may be free now (see _core/batch.py); a write that died
+        # is taken up by the flusher, which stops.
+        self._wake.set()
 
     def _links(self, ready: _Ready) -> dict[int, Link]:
         """Number the write of ``ready`` and link each of its partitions to the
@@ -496,8 +505,8 @@ class TopicPublisher:
                 task.add_done_callback(functools.partial(self._write_done, list(links), number))
                 in_flight.add(task)
                 continue
-            deadline = self._batcher.deadline()
-            if deadline is None:
+            due = self._batcher.due(len(in_flight))
+            if due is None:
                 if self._closed and not self._entering:
                     if not in_flight:
                         return
@@ -506,17 +515,18 @@ class TopicPublisher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            delay = deadline - self._clock()
+            delay = due - self._clock()
             if delay > 0 and not self._closed:
+                # Writes are in flight: wait for more messages, a write to come
+                # back (_write_done wakes us) or the latency ceiling.
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                if self._ready:
-                    continue
-                if (self._batcher.deadline() or 0) > self._clock() and not self._closed:
-                    continue
-            if len(self._batcher):
-                self._close_batch()
+                timer = loop.call_later(delay, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+                continue
+            self._close_batch()
 
     async def _write(self, ready: _Ready, links: dict[int, Link]) -> None:
         batch = ready.batch
