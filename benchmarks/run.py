@@ -39,6 +39,7 @@ import redis.asyncio as aioredis  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+import paths  # noqa: E402
 import servers  # noqa: E402
 from impls import BASELINE, REGISTRY, load  # noqa: E402
 from impls.base import (  # noqa: E402
@@ -50,7 +51,7 @@ from impls.base import (  # noqa: E402
     PublishResult,
 )
 
-SCENARIOS = ("publish", "e2e")
+SCENARIOS = ("publish", "e2e", *paths.PATH_SCENARIOS)
 SCENARIO_TITLES = {
     "publish": "publish -- one process publishes n messages; n / elapsed",
     "e2e": "end to end -- concurrent publisher and consumer processes; "
@@ -111,8 +112,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--scenarios",
         type=lambda s: [name.strip() for name in s.split(",") if name.strip()],
-        default=list(SCENARIOS),
-        help="comma-separated scenarios (default: publish,e2e)",
+        default=["publish", "e2e"],
+        help="comma-separated scenarios: publish, e2e (the default), and the publish "
+        "paths each, workers, many (see benchmarks/paths.py)",
+    )
+    parser.add_argument(
+        "--latency-messages",
+        type=int,
+        default=2000,
+        help="messages per round of the 'each' scenario (one awaited at a time)",
     )
     parser.add_argument("--json", type=Path, help="write every raw figure to this file")
     parser.add_argument(
@@ -213,7 +221,7 @@ async def run_scenarios(
 ) -> dict[str, dict[str, Series]]:
     results: dict[str, dict[str, Series]] = {}
     names = list(impls)
-    for scenario in args.scenarios:
+    for scenario in [s for s in args.scenarios if s not in paths.PATH_SCENARIOS]:
         series = {name: Series() for name in names}
         results[scenario] = series
         for round_no in range(args.rounds):
@@ -404,16 +412,29 @@ async def main_async(args: argparse.Namespace) -> int:
         admin = aioredis.Redis.from_url(redis_url)
         try:
             results = await run_scenarios(impls, counts, args, admin)
+            path_results = await paths.run_paths(impls, args, admin)
         finally:
             await admin.aclose()
 
     report(console, results, counts)
+    if path_results:
+        print()
+        print(paths.markdown(path_results))
+        print("Rounds (msgs/s):")
+        print(paths.rounds_text(path_results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         data = to_json(args, env, counts, skipped, versions, results, load_at_start)
+        data["publish_paths"] = paths.to_json(path_results)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         print(f"\nraw figures written to {args.json}")
     failed = any(series.error for by_impl in results.values() for series in by_impl.values())
+    failed = failed or any(
+        series.error
+        for by_param in path_results.values()
+        for by_row in by_param.values()
+        for series in by_row.values()
+    )
     return 1 if failed else 0
 
 

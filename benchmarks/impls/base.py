@@ -35,7 +35,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -102,6 +102,25 @@ class EndToEndResult:
     @property
     def throughput(self) -> float:
         return self.n / self.elapsed_s
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PathResult:
+    """One round of one publish path (see benchmarks/paths.py)."""
+
+    n: int
+    elapsed_s: float
+    latencies_ms: dict[str, float] | None = None
+    """For ``each``: each publish's latency, summarised."""
+
+    @property
+    def throughput(self) -> float:
+        return self.n / self.elapsed_s
+
+
+WARMUP = 20
+"""Publishes made, untimed, before an ``each``/``workers`` run: connections are
+open and a library's first-publish lookups are done. They are stored too."""
 
 
 class BenchmarkError(RuntimeError):
@@ -274,6 +293,35 @@ class Implementation(ABC):
     async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
         """Receive and ack n distinct messages; call ``ready`` once subscribed."""
 
+    # -- publishing as users publish (optional: benchmarks/paths.py) -----------------
+
+    async def publish_each(self, n: int, size: int) -> tuple[float, array[int]]:
+        """One caller awaiting each publish in turn: elapsed seconds and each
+        publish's latency in ns (:func:`each_in_turn`), after WARMUP publishes."""
+        raise NotImplementedError
+
+    async def publish_workers(self, n: int, size: int, workers: int) -> float:
+        """``workers`` concurrent callers, each awaiting its publishes one by one,
+        taking sequence numbers from a shared counter (:func:`worker_pool`)."""
+        raise NotImplementedError
+
+    async def publish_calls(self, n: int, size: int, per_call: int) -> float:
+        """The library's batch call (``publish_many``, a pipeline), ``per_call``
+        messages a call, one call after the other."""
+        raise NotImplementedError
+
+    @classmethod
+    def publishes(cls, path: str) -> bool:
+        """Whether this implementation offers the publish path ``path``."""
+        method = getattr(cls, f"publish_{path}")
+        return method is not getattr(Implementation, f"publish_{path}")
+
+    async def path_in_child(
+        self, path: str, param: int, n: int, size: int, timeout: float
+    ) -> PathResult:
+        """One publish path, in a fresh process."""
+        return await run_path(self, path, param, n, size, timeout)
+
     async def publish_in_child(self, n: int, size: int, timeout: float) -> PublishResult:
         """The publish scenario, in a fresh process."""
         return await run_publish(self, n, size, timeout)
@@ -281,6 +329,48 @@ class Implementation(ABC):
     async def end_to_end(self, n: int, size: int, timeout: float) -> EndToEndResult:
         """The end-to-end scenario: publisher and consumer in two concurrent processes."""
         return await run_end_to_end(self, n, size, timeout)
+
+
+# -- publish paths --------------------------------------------------------------------
+
+
+async def warm_up(publish_one: Callable[[int], Awaitable[object]]) -> None:
+    """WARMUP publishes, untimed, with sequence numbers past any run's."""
+    for seq in range(WARMUP):
+        await publish_one(10**9 + seq)
+
+
+async def each_in_turn(
+    n: int, publish_one: Callable[[int], Awaitable[object]]
+) -> tuple[float, array[int]]:
+    """Await ``publish_one(seq)`` for seq in 0..n-1, one after the other."""
+    await warm_up(publish_one)
+    latencies: array[int] = array("q")
+    clock = time.perf_counter_ns
+    start = clock()
+    for seq in range(n):
+        began = clock()
+        await publish_one(seq)
+        latencies.append(clock() - began)
+    return (clock() - start) / 1e9, latencies
+
+
+async def worker_pool(
+    n: int, workers: int, publish_one: Callable[[int], Awaitable[object]]
+) -> float:
+    """``workers`` coroutines, each awaiting ``publish_one`` in a loop over one
+    shared counter until n are published: a worker pool, not n coroutines behind
+    a semaphore (on Python 3.11 ``asyncio.Semaphore`` wakes waiters in O(waiters))."""
+    await warm_up(publish_one)
+    sequence = iter(range(n))
+
+    async def worker() -> None:
+        for seq in sequence:  # shared: each number is taken once
+            await publish_one(seq)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return time.perf_counter() - start
 
 
 # -- child processes ------------------------------------------------------------------
@@ -414,6 +504,42 @@ async def run_publish(impl: Implementation, n: int, size: int, timeout: float) -
     finally:
         _stop(proc)
     return PublishResult(n=n, elapsed_s=elapsed)
+
+
+def _path_main(
+    impl: Implementation, path: str, param: int, n: int, size: int, results: Queue[Any]
+) -> None:
+    try:
+        if path == "each":
+            elapsed, latencies = asyncio.run(impl.publish_each(n, size))
+            value: Any = (elapsed, latency_summary(latencies))
+        elif path == "workers":
+            value = (asyncio.run(impl.publish_workers(n, size, param)), None)
+        else:
+            value = (asyncio.run(impl.publish_calls(n, size, param)), None)
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+    else:
+        results.put(("ok", value))
+
+
+async def run_path(
+    impl: Implementation, path: str, param: int, n: int, size: int, timeout: float
+) -> PathResult:
+    results: Queue[Any] = _SPAWN.Queue()
+    proc = _SPAWN.Process(
+        target=_path_main,
+        args=(impl, path, param, n, size, results),
+        name=f"{impl.name}-{path}-{param}",
+    )
+    proc.start()
+    try:
+        deadline = time.monotonic() + timeout
+        reply = await _wait_for(f"{path} publisher", proc, _queue_poll(results), deadline)
+        elapsed, latencies = _unwrap(f"{path} publisher", reply)
+    finally:
+        _stop(proc)
+    return PathResult(n=n, elapsed_s=elapsed, latencies_ms=latencies)
 
 
 async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float) -> EndToEndResult:

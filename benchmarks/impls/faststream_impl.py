@@ -21,11 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections.abc import Callable
 
 from faststream.redis import RedisBroker, StreamSub
 
-from .base import ConsumeResult, Implementation, Receiver, padding, stamp, wait_until_all_acked
+from .base import (
+    ConsumeResult,
+    Implementation,
+    Receiver,
+    each_in_turn,
+    padding,
+    stamp,
+    wait_until_all_acked,
+    worker_pool,
+)
 
 STREAM = "bench"
 GROUP = "bench-group"
@@ -44,14 +54,37 @@ class FastStream(Implementation):
     name = "faststream"
 
     async def publish(self, n: int, size: int) -> float:
+        return await self._pipelined(n, size, PUBLISH_CHUNK)
+
+    async def publish_each(self, n: int, size: int) -> tuple[float, array[int]]:
+        """``broker.publish`` awaited one at a time."""
+        pad = padding(size)
+        async with make_broker(self.env.redis_url) as broker:
+            await broker.connect()
+            return await each_in_turn(n, lambda seq: broker.publish(stamp(seq, pad), stream=STREAM))
+
+    async def publish_workers(self, n: int, size: int, workers: int) -> float:
+        """``workers`` callers, each awaiting ``broker.publish`` in a loop."""
+        pad = padding(size)
+        async with make_broker(self.env.redis_url) as broker:
+            await broker.connect()
+            return await worker_pool(
+                n, workers, lambda seq: broker.publish(stamp(seq, pad), stream=STREAM)
+            )
+
+    async def publish_calls(self, n: int, size: int, per_call: int) -> float:
+        """``broker.publish`` into a pipeline executed every ``per_call`` messages."""
+        return await self._pipelined(n, size, per_call)
+
+    async def _pipelined(self, n: int, size: int, chunk: int) -> float:
         pad = padding(size)
         async with make_broker(self.env.redis_url) as broker:
             client = await broker.connect()
             await client.ping()  # type: ignore[misc]  # redis-py 7 types it as maybe-sync
             start = time.perf_counter()
-            for base in range(0, n, PUBLISH_CHUNK):
+            for base in range(0, n, chunk):
                 async with client.pipeline(transaction=False) as pipe:
-                    for seq in range(base, min(base + PUBLISH_CHUNK, n)):
+                    for seq in range(base, min(base + chunk, n)):
                         await broker.publish(stamp(seq, pad), stream=STREAM, pipeline=pipe)
                     await pipe.execute()
             return time.perf_counter() - start

@@ -9,13 +9,22 @@ for parsing when it is installed (it is, via ``redis[hiredis]``).
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable
 from typing import TypeAlias, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from .base import ConsumeResult, Implementation, Receiver, padding, stamp
+from .base import (
+    ConsumeResult,
+    Implementation,
+    Receiver,
+    each_in_turn,
+    padding,
+    stamp,
+    worker_pool,
+)
 
 STREAM = "bench"
 GROUP = "bench-group"
@@ -33,19 +42,47 @@ class Handwritten(Implementation):
     name = "handwritten"
 
     async def publish(self, n: int, size: int) -> float:
+        return await self._pipelined(n, size, PUBLISH_CHUNK)
+
+    async def _pipelined(self, n: int, size: int, chunk: int) -> float:
         pad = padding(size)
         client = Redis.from_url(self.env.redis_url)
         try:
             await client.ping()  # type: ignore[misc]  # redis-py 7 types it as maybe-sync
             start = time.perf_counter()
-            for base in range(0, n, PUBLISH_CHUNK):
+            for base in range(0, n, chunk):
                 pipe = client.pipeline(transaction=False)
-                for seq in range(base, min(base + PUBLISH_CHUNK, n)):
+                for seq in range(base, min(base + chunk, n)):
                     pipe.xadd(STREAM, {FIELD: stamp(seq, pad)})
                 await pipe.execute()
             return time.perf_counter() - start
         finally:
             await client.aclose()
+
+    async def publish_each(self, n: int, size: int) -> tuple[float, array[int]]:
+        """One ``XADD`` awaited at a time on one connection."""
+        pad = padding(size)
+        client = Redis.from_url(self.env.redis_url)
+        try:
+            return await each_in_turn(n, lambda seq: client.xadd(STREAM, {FIELD: stamp(seq, pad)}))
+        finally:
+            await client.aclose()
+
+    async def publish_workers(self, n: int, size: int, workers: int) -> float:
+        """Each worker awaits one ``XADD`` at a time; redis-py's pool gives each
+        command in flight a connection of its own (up to ``workers``)."""
+        pad = padding(size)
+        client = Redis.from_url(self.env.redis_url)
+        try:
+            return await worker_pool(
+                n, workers, lambda seq: client.xadd(STREAM, {FIELD: stamp(seq, pad)})
+            )
+        finally:
+            await client.aclose()
+
+    async def publish_calls(self, n: int, size: int, per_call: int) -> float:
+        """The pipelined loop with ``per_call`` XADDs a pipeline."""
+        return await self._pipelined(n, size, per_call)
 
     async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
         client = Redis.from_url(self.env.redis_url)

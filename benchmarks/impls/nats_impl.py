@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from array import array
 from collections.abc import Callable
 
 import nats
@@ -22,7 +23,15 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 from nats.js.errors import NotFoundError
 
-from .base import ConsumeResult, Implementation, Receiver, padding, stamp
+from .base import (
+    ConsumeResult,
+    Implementation,
+    Receiver,
+    each_in_turn,
+    padding,
+    stamp,
+    worker_pool,
+)
 
 STREAM = "BENCH"
 SUBJECT = "bench.events"
@@ -73,6 +82,45 @@ class Nats(Implementation):
             start = time.perf_counter()
             acks = [await js.publish_async(SUBJECT, stamp(seq, pad)) for seq in range(n)]
             await asyncio.gather(*acks)  # raises if the server refused any message
+            return time.perf_counter() - start
+        finally:
+            await nc.close()
+
+    async def publish_each(self, n: int, size: int) -> tuple[float, array[int]]:
+        """``js.publish`` (which waits for its PubAck) awaited one at a time."""
+        pad = padding(size)
+        nc = await self._connect()
+        try:
+            js = nc.jetstream()
+            return await each_in_turn(n, lambda seq: js.publish(SUBJECT, stamp(seq, pad)))
+        finally:
+            await nc.close()
+
+    async def publish_workers(self, n: int, size: int, workers: int) -> float:
+        """``workers`` callers, each awaiting ``js.publish`` in a loop."""
+        pad = padding(size)
+        nc = await self._connect()
+        try:
+            js = nc.jetstream()
+            return await worker_pool(n, workers, lambda seq: js.publish(SUBJECT, stamp(seq, pad)))
+        finally:
+            await nc.close()
+
+    async def publish_calls(self, n: int, size: int, per_call: int) -> float:
+        """``publish_async`` for ``per_call`` messages, then wait for their PubAcks;
+        one call after the other."""
+        pad = padding(size)
+        nc = await self._connect()
+        try:
+            js = nc.jetstream()
+            await nc.flush()
+            start = time.perf_counter()
+            for base in range(0, n, per_call):
+                acks = [
+                    await js.publish_async(SUBJECT, stamp(seq, pad))
+                    for seq in range(base, min(base + per_call, n))
+                ]
+                await asyncio.gather(*acks)
             return time.perf_counter() - start
         finally:
             await nc.close()

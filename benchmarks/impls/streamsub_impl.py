@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,11 @@ from .base import (
     Implementation,
     Receiver,
     ThreadSafeReceiver,
+    each_in_turn,
     padding,
     stamp,
     wait_until_all_acked,
+    worker_pool,
 )
 
 if TYPE_CHECKING:
@@ -91,6 +94,45 @@ class Streamsub(Implementation):
                 asyncio.create_task(publish_chunk(base)) for base in range(0, n, PUBLISH_CHUNK)
             ]
             await asyncio.gather(*tasks)
+            return time.perf_counter() - start
+
+    async def publish_each(self, n: int, size: int) -> tuple[float, array[int]]:
+        """``publish()`` awaited one at a time (default BatchSettings)."""
+        pad = padding(size)
+        async with self.lib().connect(self.env.redis_url) as client:
+            return await each_in_turn(
+                n,
+                lambda seq: client.publish(
+                    TOPIC, stamp(seq, pad), ordering_key=self.ordering_key(seq)
+                ),
+            )
+
+    async def publish_workers(self, n: int, size: int, workers: int) -> float:
+        """``workers`` callers, each awaiting ``publish()`` in a loop."""
+        pad = padding(size)
+        async with self.lib().connect(self.env.redis_url) as client:
+            return await worker_pool(
+                n,
+                workers,
+                lambda seq: client.publish(
+                    TOPIC, stamp(seq, pad), ordering_key=self.ordering_key(seq)
+                ),
+            )
+
+    async def publish_calls(self, n: int, size: int, per_call: int) -> float:
+        """``publish_many`` of ``per_call`` messages, awaited one call after the other."""
+        streamsub = self.lib()
+        pad = padding(size)
+        async with streamsub.connect(self.env.redis_url) as client:
+            start = time.perf_counter()
+            for base in range(0, n, per_call):
+                chunk = [
+                    streamsub.OutgoingMessage(
+                        data=stamp(seq, pad), ordering_key=self.ordering_key(seq)
+                    )
+                    for seq in range(base, min(base + per_call, n))
+                ]
+                await client.publish_many(TOPIC, chunk)
             return time.perf_counter() - start
 
     def ordering_key(self, seq: int) -> str | None:

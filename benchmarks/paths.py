@@ -1,0 +1,227 @@
+"""Publishing as users publish: the publish-path scenarios of benchmarks/run.py.
+
+* ``each``    -- one caller awaiting each publish in turn (a request handler);
+  per-publish latency, against one redis-py ``XADD`` awaited in turn.
+* ``workers`` -- N concurrent callers (a worker pool over a shared counter),
+  each awaiting its publishes one by one, N in :data:`WORKERS`.
+* ``many``    -- the library's batch call of K messages (``publish_many``, a
+  pipeline), calls one after the other, K in :data:`PER_CALL`.
+
+``workers`` and ``many`` are compared with the hand-written pipelined loop
+(``XADD`` pipelined 200 at a time: the ``publish`` scenario's baseline), run as
+its own row in every round. Rounds interleave the implementations and rotate
+who goes first, as the other scenarios do; the tables show medians of the
+rounds and ratios of medians.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from impls import BASELINE
+from impls.base import WARMUP, BenchmarkError, Implementation, PathResult
+
+PATH_SCENARIOS = ("each", "workers", "many")
+WORKERS = (1, 10, 100, 500, 1000)
+PER_CALL = (10, 100, 1000, 10_000)
+PIPELINED = "pipelined-200"
+"""The row of the hand-written pipelined loop, the baseline of ``workers`` and ``many``."""
+
+_METHOD = {"each": "each", "workers": "workers", "many": "calls"}
+
+
+@dataclasses.dataclass
+class PathRound:
+    round: int
+    throughput: float
+    elapsed_s: float
+    latencies_ms: dict[str, float] | None = None
+
+
+@dataclasses.dataclass
+class PathSeries:
+    rounds: list[PathRound] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(r.throughput for r in self.rounds) if self.rounds else None
+
+    def median_latency(self, key: str) -> float | None:
+        values = [r.latencies_ms[key] for r in self.rounds if r.latencies_ms]
+        return statistics.median(values) if values else None
+
+
+Results = dict[str, dict[int, dict[str, PathSeries]]]
+"""scenario -> parameter (N, K; 1 for ``each``) -> row -> rounds."""
+
+
+def params(scenario: str) -> tuple[int, ...]:
+    return {"each": (1,), "workers": WORKERS, "many": PER_CALL}[scenario]
+
+
+async def _one(
+    impl: Implementation,
+    row: str,
+    scenario: str,
+    param: int,
+    n: int,
+    args: Any,
+    admin: aioredis.Redis,
+) -> PathResult:
+    await admin.flushall()
+    await impl.reset()
+    await impl.setup()
+    if row == PIPELINED:
+        result = await impl.publish_in_child(n, args.size, args.timeout)
+        out = PathResult(n=n, elapsed_s=result.elapsed_s)
+        expected = n
+    else:
+        out = await impl.path_in_child(_METHOD[scenario], param, n, args.size, args.timeout)
+        expected = n if scenario == "many" else n + WARMUP
+    stored = await impl.stored_count()
+    if stored != expected:
+        msg = f"the server holds {stored} messages, expected {expected}"
+        raise BenchmarkError(msg)
+    return out
+
+
+async def run_paths(impls: dict[str, Implementation], args: Any, admin: aioredis.Redis) -> Results:
+    results: Results = {}
+    for scenario in [s for s in args.scenarios if s in PATH_SCENARIOS]:
+        n = args.latency_messages if scenario == "each" else args.messages
+        rows = [name for name, impl in impls.items() if impl.publishes(_METHOD[scenario])]
+        by_param: dict[int, dict[str, PathSeries]] = {}
+        results[scenario] = by_param
+        for param in params(scenario):
+            by_param[param] = {row: PathSeries() for row in rows}
+            if scenario != "each" and BASELINE in impls:
+                by_param[param][PIPELINED] = PathSeries()
+        for round_no in range(args.rounds):
+            for param in params(scenario):
+                series = by_param[param]
+                names = list(series)
+                shift = round_no % len(names)
+                for row in names[shift:] + names[:shift]:
+                    if series[row].error is not None:
+                        continue
+                    if row == PIPELINED and param != params(scenario)[0]:
+                        # One pipelined run a round serves every parameter.
+                        first = by_param[params(scenario)[0]][PIPELINED].rounds
+                        if len(first) > round_no:
+                            series[row].rounds.append(first[round_no])
+                        continue
+                    impl = impls[BASELINE if row == PIPELINED else row]
+                    label = f"[{scenario} {round_no + 1}/{args.rounds}] {row:<13} {param:>6}"
+                    print(label, end=" ", flush=True)
+                    started = time.monotonic()
+                    try:
+                        result = await _one(impl, row, scenario, param, n, args, admin)
+                    except Exception as exc:
+                        series[row].error = f"{type(exc).__name__}: {exc}"
+                        print(f"FAILED after {time.monotonic() - started:.1f}s: {exc}")
+                        continue
+                    text = f"{result.throughput:>10,.0f} msgs/s"
+                    if result.latencies_ms:
+                        lat = result.latencies_ms
+                        text += f"  mean {lat['mean']:.3f} ms  p50 {lat['p50']:.3f}"
+                        text += f"  p99 {lat['p99']:.3f}"
+                    print(text)
+                    series[row].rounds.append(
+                        PathRound(
+                            round_no + 1,
+                            result.throughput,
+                            result.elapsed_s,
+                            result.latencies_ms,
+                        )
+                    )
+    return results
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(results: Results) -> str:
+    """The tables, as Markdown for benchmarks/README.md."""
+    out: list[str] = []
+    each = results.get("each", {}).get(1)
+    if each:
+        base = each.get(BASELINE)
+        base_mean = base.median_latency("mean") if base else None
+        out += [
+            "**each** -- one caller awaiting each publish (ratio: mean latency / one XADD's)",
+            "",
+            "| implementation | msgs/s | mean ms | p50 ms | p99 ms | latency vs XADD |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for row, series in each.items():
+            mean = series.median_latency("mean")
+            ratio = mean / base_mean if mean is not None and base_mean else None
+            out.append(
+                f"| {row} | {_fmt(series.median, ',.0f')} | {_fmt(mean, '.3f')} | "
+                f"{_fmt(series.median_latency('p50'), '.3f')} | "
+                f"{_fmt(series.median_latency('p99'), '.3f')} | {_fmt(ratio, '.2f')}x |"
+            )
+        out.append("")
+    for scenario, title in (
+        ("workers", "**workers** -- N concurrent callers, each awaiting `publish()`"),
+        ("many", "**many** -- batch calls of K messages, one after the other"),
+    ):
+        by_param = results.get(scenario)
+        if not by_param:
+            continue
+        rows = list(next(iter(by_param.values())))
+        label = "N" if scenario == "workers" else "K"
+        out += [
+            f"{title}: median msgs/s (ratio to the pipelined loop)",
+            "",
+            "| implementation | " + " | ".join(f"{label}={p:,}" for p in by_param) + " |",
+            "|---|" + "---:|" * len(by_param),
+        ]
+        for row in rows:
+            cells = []
+            for series_by_row in by_param.values():
+                series = series_by_row[row]
+                base = series_by_row.get(PIPELINED)
+                tp, base_tp = series.median, base.median if base else None
+                ratio = f" ({tp / base_tp:.2f}x)" if tp and base_tp else ""
+                cells.append(("failed" if series.error else _fmt(tp, ",.0f")) + ratio)
+            out.append(f"| {row} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def rounds_text(results: Results) -> str:
+    """Every round's figure, for the record under the tables."""
+    lines = []
+    for scenario, by_param in results.items():
+        for param, by_row in by_param.items():
+            for row, series in by_row.items():
+                figures = " · ".join(f"{r.throughput:,.0f}" for r in series.rounds) or "—"
+                error = f"  (failed: {series.error})" if series.error else ""
+                lines.append(f"  {scenario} {param:>6} {row:<13} {figures}{error}")
+    return "\n".join(lines)
+
+
+def to_json(results: Results) -> dict[str, Any]:
+    return {
+        scenario: {
+            str(param): {
+                row: {
+                    "median_throughput": series.median,
+                    "median_mean_latency_ms": series.median_latency("mean"),
+                    "rounds": [dataclasses.asdict(r) for r in series.rounds],
+                    "error": series.error,
+                }
+                for row, series in by_row.items()
+            }
+            for param, by_row in by_param.items()
+        }
+        for scenario, by_param in results.items()
+    }
