@@ -94,7 +94,7 @@ async def _one(
 async def run_paths(impls: dict[str, Implementation], args: Any, admin: aioredis.Redis) -> Results:
     results: Results = {}
     for scenario in [s for s in args.scenarios if s in PATH_SCENARIOS]:
-        n = args.latency_messages if scenario == "each" else args.messages
+        base_n = args.latency_messages if scenario == "each" else args.messages
         rows = [name for name, impl in impls.items() if impl.publishes(_METHOD[scenario])]
         by_param: dict[int, dict[str, PathSeries]] = {}
         results[scenario] = by_param
@@ -117,7 +117,8 @@ async def run_paths(impls: dict[str, Implementation], args: Any, admin: aioredis
                             series[row].rounds.append(first[round_no])
                         continue
                     impl = impls[BASELINE if row == PIPELINED else row]
-                    label = f"[{scenario} {round_no + 1}/{args.rounds}] {row:<13} {param:>6}"
+                    n = min(base_n, args.cap.get(impl.name, base_n))
+                    label = f"[{scenario} {round_no + 1}/{args.rounds}] {row:<15} {param:>6} n={n}"
                     print(label, end=" ", flush=True)
                     started = time.monotonic()
                     try:

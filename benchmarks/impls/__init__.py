@@ -14,6 +14,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-1s": "impls.streamsub_impl:StreamsubBusyLeases",
     "streamsub-def": "impls.streamsub_impl:StreamsubDef",
     "streamsub-0.1": "impls.streamsub_prev:StreamsubPrevious",
+    "streamsub-fixed": "impls.streamsub_prev:StreamsubBeforeAdaptive",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

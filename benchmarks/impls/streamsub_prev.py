@@ -71,15 +71,16 @@ def _setup_in_child(impl: StreamsubPrevious) -> None:
 
 class StreamsubPrevious(Streamsub):
     name = "streamsub-0.1"
+    commit: ClassVar[str] = COMMIT
     _extracted: ClassVar[Path | None] = None
 
     @classmethod
     def unavailable(cls) -> str | None:
         if cls._extracted is None:
             try:
-                cls._extracted = extract(COMMIT, REPO_ROOT)
+                cls._extracted = extract(cls.commit, REPO_ROOT)
             except (OSError, RuntimeError) as exc:
-                return f"cannot extract streamsub {COMMIT} (not a git checkout?): {exc}"
+                return f"cannot extract streamsub {cls.commit} (not a git checkout?): {exc}"
         return None
 
     def __init__(self, env: Env) -> None:
@@ -99,7 +100,7 @@ class StreamsubPrevious(Streamsub):
         origin = Path(streamsub.__file__ or "").resolve()
         if not origin.is_relative_to(Path(self.src).resolve()):
             msg = (
-                f"{self.name} must run streamsub {COMMIT} from {self.src}, "
+                f"{self.name} must run streamsub {self.commit} from {self.src}, "
                 f"but this process imported {origin}"
             )
             raise BenchmarkError(msg)
@@ -111,3 +112,13 @@ class StreamsubPrevious(Streamsub):
         spawn = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
             await asyncio.get_running_loop().run_in_executor(pool, _setup_in_child, self)
+
+
+class StreamsubBeforeAdaptive(StreamsubPrevious):
+    """streamsub at ``5c5fb4b``, the last commit before adaptive publish batching
+    (every batch that is not full waited ``max_latency``): the "before" of the
+    publish-path scenarios, measured in the same run."""
+
+    name = "streamsub-fixed"
+    commit: ClassVar[str] = "5c5fb4b"
+    _extracted: ClassVar[Path | None] = None
