@@ -1,0 +1,76 @@
+"""When is the publisher's writer "free"? Measures WRITER_FREE_BELOW choices.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/writer_free.py 1 2 4 1
+
+For each value given (a batch goes out at once while fewer writes than that are
+in flight; see ``src/streamsub/_core/batch.py``), N concurrent callers each
+awaiting ``publish()`` in a loop (N = 1, 10, 100, 500; median of 3 rounds), in
+this process, against one private redis-server. The value is patched into the
+engine's module before each client is made; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+for entry in (str(BENCH_DIR), str(BENCH_DIR.parent / "src")):
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+import redis.asyncio as aioredis  # noqa: E402
+
+import servers  # noqa: E402
+import streamsub  # noqa: E402
+from streamsub._engine import publisher  # noqa: E402
+
+WORKERS = (1, 10, 100, 500)
+BODY = b"x" * 100
+
+
+async def workers(url: str, count: int, n: int) -> float:
+    async with streamsub.connect(url) as client:
+        await client.create_topic("bench", partitions=16)
+        await client.publish("bench", BODY)
+        sequence = iter(range(n))
+
+        async def worker() -> None:
+            for _ in sequence:
+                await client.publish("bench", BODY)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(count)))
+        return n / (time.perf_counter() - start)
+
+
+async def main(values: list[int]) -> None:
+    path = servers.find_binary("redis-server")
+    if path is None:
+        raise SystemExit("redis-server not found")
+    with servers.redis_server(path) as url:
+        admin = aioredis.Redis.from_url(url)
+        try:
+            print("| free below | " + " | ".join(f"N={n}" for n in WORKERS) + " |")
+            print("|---:|" + "---:|" * len(WORKERS))
+            for value in values:
+                publisher.WRITER_FREE_BELOW = value
+                cells = []
+                for count in WORKERS:
+                    rounds = []
+                    for _ in range(3):
+                        await admin.flushall()
+                        rounds.append(await workers(url, count, 3000 if count == 1 else 20_000))
+                    cells.append(f"{statistics.median(rounds):,.0f}")
+                print(f"| {value} | " + " | ".join(cells) + " |", flush=True)
+        finally:
+            await admin.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main([int(arg) for arg in sys.argv[1:]] or [1, 2, 4]))
