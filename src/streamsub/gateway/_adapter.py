@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -47,9 +46,11 @@ from .._core.codec import UndecodableEntry, decode
 from .._core.deadletter import UNDECODABLE, dead_letter_message
 from .._core.partition import partition_for_key
 from .._core.retry import backoff
+from .._engine._retrying import raise_if_cancelled
 from .._errors import StreamsubError, SubscriptionNotFoundError, TopicNotFoundError
 from .._settings import Limits, RetryPolicy
 from ._ownership import OWNERSHIP_LEASE, Membership
+from ._tasks import end_task
 
 __all__ = [
     "Adapter",
@@ -490,6 +491,7 @@ class Adapter:
         """Close unary pullers of ordered subscriptions unused for a while, and
         leave the ownership of subscriptions nothing here reads or holds."""
         while True:
+            raise_if_cancelled()  # a stop request swallowed inside a Redis call
             await asyncio.sleep(_HOUSEKEEPING_EVERY)
             now = self._clock()
             for name in list(self._memberships):
@@ -593,9 +595,7 @@ class Adapter:
         for puller in list(self._pullers):
             puller.closed = True
         if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+            await end_task(self._housekeeping, "the ordered subscriptions' housekeeping")
             self._housekeeping = None
         tables, self._tables = list(self._tables.values()), {}
         for table in tables:
@@ -678,9 +678,7 @@ class _LeaseTable:
     async def close(self) -> None:
         self._unwatch()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await end_task(self._task, f"the lease table of {self.view.name!r}")
             self._task = None
 
     async def refresh(self) -> None:
@@ -719,6 +717,7 @@ class _LeaseTable:
 
     async def _run(self) -> None:
         while True:
+            raise_if_cancelled()  # a stop request swallowed inside a Redis call
             deadline = self.view.ack_deadline
             await asyncio.sleep(min(max(deadline / 4, _LEASE_TICK[0]), _LEASE_TICK[1]))
             try:

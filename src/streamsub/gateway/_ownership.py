@@ -28,13 +28,14 @@ partition is read by one stream of one gateway at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from .._backends.base import Backend, TopicRecord
+from .._engine._retrying import raise_if_cancelled
 from .._engine.ownership import OWNERSHIP_LEASE, Assignment, PartitionOwner
 from .._errors import NotFoundError, StreamsubError
+from ._tasks import end_task
 
 __all__ = ["OWNERSHIP_LEASE", "Membership"]
 
@@ -123,6 +124,7 @@ class Membership:
             except NotFoundError:
                 return  # the subscription is gone; its streams say so
             except Exception as exc:  # a bug: log it, keep the gateway serving
+                raise_if_cancelled()  # a stop request swallowed inside a Redis call
                 log.warning(
                     "streamsub gateway: keeping partition ownership of %r failed (%s); "
                     "starting again",
@@ -139,9 +141,7 @@ class Membership:
         self._owner.stop()
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await end_task(task, f"the partition ownership of {self.group!r}")
         self.assignment.set([], swept=[])
         self.taking.clear()
         try:

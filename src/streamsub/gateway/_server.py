@@ -28,6 +28,9 @@ DEFAULT_HTTP_ADDRESS = "127.0.0.1:8086"
 """REST and gRPC-Web."""
 DEFAULT_PARTITIONS = 16
 """Partitions of topics created through the gateway."""
+_GRPC_STOP_MARGIN = 5.0
+"""Seconds gRPC's stop may take past the grace: it cancels the calls still
+running then and waits for their handlers, which give their leases back."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -116,6 +119,8 @@ class Gateway:
         # gRPC stops taking calls first (GOAWAY), then the streams end: a client
         # reopens its stream the moment it ends, and a call that reaches a gRPC
         # server as it shuts down is CANCELLED, which clients take as final.
+        loop = asyncio.get_running_loop()
+        grpc_deadline = loop.time() + self._grace + _GRPC_STOP_MARGIN
         stopping = None
         if self._grpc is not None:
             stopping = asyncio.ensure_future(self._grpc.stop(self._grace))
@@ -124,7 +129,13 @@ class Gateway:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(service.no_streams.wait(), self._grace)
         if stopping is not None:
-            await stopping
+            _, late = await asyncio.wait({stopping}, timeout=max(0, grpc_deadline - loop.time()))
+            if late:
+                log.error(
+                    "streamsub gateway: gRPC calls did not end within %g s of the stop; "
+                    "closing without them",
+                    self._grace + _GRPC_STOP_MARGIN,
+                )
         if self._http is not None:
             await self._http.stop()
         await service.close()

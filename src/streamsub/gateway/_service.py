@@ -36,6 +36,7 @@ from ._adapter import Adapter, Puller, Received, SubscriptionView
 from ._names import from_native, project_prefix, to_native
 from ._proto import Empty, pb
 from ._status import Code, RpcError, already_exists, from_streamsub, not_found
+from ._tasks import end_task
 
 __all__ = ["PubSubService", "StreamSettings"]
 
@@ -1053,9 +1054,7 @@ class _Stream:
 
     async def close(self) -> None:
         self._end(None)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(end_task(task, "a stream's task") for task in self._tasks))
         # Leases run on when the client went away or the lifetime ended (it may
         # ack on its next stream); a stopping gateway gives them back.
         await self._puller.close(hand_back=self._service.closing.is_set())
