@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
-from streamsub._backends.base import LeaseMode, TopicRecord
+from streamsub._backends.base import LeaseMode, Ownership, TopicRecord
 from streamsub.gateway import Gateway
 from streamsub.gateway._proto import METHODS, pb
 from streamsub.gateway._tasks import end_task
@@ -66,6 +66,51 @@ class _DropsCancelInLease(TEST_BACKEND):
         return leased
 
 
+class _DropsCancelInLeave(TEST_BACKEND):
+    """Once armed, its next ``own_partitions`` that leaves an ordered subscription's
+    ownership (the housekeeping's, here) holds on after Redis answered, and a
+    cancellation that lands there is dropped, as redis-py's send does on 3.11."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.armed = False
+        self.holding = False
+        self.dropped = 0
+
+    async def own_partitions(
+        self,
+        topic: TopicRecord,
+        group: str,
+        member: str,
+        lease_ms: int,
+        *,
+        release: Sequence[int] = (),
+        leave: bool = False,
+        take: bool = True,
+        instance: str = "",
+        claim: bool = False,
+    ) -> Ownership:
+        owned = await super().own_partitions(
+            topic,
+            group,
+            member,
+            lease_ms,
+            release=release,
+            leave=leave,
+            take=take,
+            instance=instance,
+            claim=claim,
+        )
+        if leave and self.armed:
+            self.armed = False
+            self.holding = True
+            try:
+                await asyncio.sleep(3600)  # until the stop cancels the housekeeping
+            except asyncio.CancelledError:
+                self.dropped += 1
+        return owned
+
+
 class _Api:
     """Unary google.pubsub.v1 calls on one gRPC channel."""
 
@@ -81,6 +126,18 @@ class _Api:
             response_deserializer=response.FromString,
         )
         return await call(request, timeout=30)
+
+
+async def _stop_within_bound(gateway: Gateway) -> None:
+    """Stop ``gateway``; fail if that takes more than STOP_BOUND (then cancel it,
+    which ends what hung with it)."""
+    stopping = asyncio.ensure_future(gateway.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND)
+    if not done:
+        stopping.cancel()
+        await asyncio.wait({stopping}, timeout=STOP_BOUND)
+    assert done, f"stop() did not return within {STOP_BOUND} s"
+    stopping.result()
 
 
 async def _pull_all(api: _Api, subscription: str, wanted: set[str], timeout: float) -> float:
@@ -110,7 +167,7 @@ async def test_stop_returns_when_a_redis_call_dropped_a_lease_tables_cancellatio
     await other.start()
     topic = f"projects/{project}/topics/orders"
     subscription = f"projects/{project}/subscriptions/billing"
-    stopping: asyncio.Future[None] | None = None
+    stopped = False
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{leaving.grpc_port}") as channel:
             api = _Api(channel)
@@ -133,22 +190,78 @@ async def test_stop_returns_when_a_redis_call_dropped_a_lease_tables_cancellatio
         # The lease table's first round (2 s on) ends the leases at their deadline.
         await until(lambda: backend.holding, 30, "the lease table inside a lease call")
         started = time.monotonic()
-        stopping = asyncio.ensure_future(leaving.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=STOP_BOUND)
-        assert done, f"stop() did not return within {STOP_BOUND} s"
-        stopping.result()
+        stopped = True
+        await _stop_within_bound(leaving)  # never returned before
         assert backend.dropped == 1
         async with grpc.aio.insecure_channel(f"127.0.0.1:{other.grpc_port}") as channel:
             # Given back, not lapsed: a lapse would take the 60 s ack deadline.
             again = await _pull_all(_Api(channel), subscription, ids, 30)
         assert again - started < 30
     finally:
-        if stopping is None:
+        if not stopped:
             await leaving.stop()
-        elif not stopping.done():
-            stopping.cancel()  # ends the hung lease table with it
-            await asyncio.wait({stopping}, timeout=STOP_BOUND)
         await other.stop()
+
+
+async def test_stop_returns_when_a_redis_call_dropped_the_housekeepings_cancellation(
+    server: RedisServer, project: str
+) -> None:
+    """A gateway whose only stream of an ordered subscription (50 messages, 5 keys,
+    16 partitions) got every message, acked them and closed leaves the
+    subscription's ownership 2 s later from its housekeeping loop; stopped while
+    that Redis call drops the cancellation, stop returns within seconds."""
+    backend = _DropsCancelInLeave(server.url)
+    gateway = Gateway(backend=backend, grpc_address="127.0.0.1:0", http_address=None)
+    await gateway.start()
+    topic = f"projects/{project}/topics/orders"
+    subscription = f"projects/{project}/subscriptions/billing"
+    stopped = False
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as channel:
+            api = _Api(channel)
+            await api("CreateTopic", pb.Topic(name=topic))
+            await api(
+                "CreateSubscription",
+                pb.Subscription(
+                    name=subscription,
+                    topic=topic,
+                    ack_deadline_seconds=60,
+                    enable_message_ordering=True,
+                ),
+            )
+            messages = [
+                pb.PubsubMessage(data=b"m%d" % i, ordering_key=f"key-{i % 5}")
+                for i in range(MESSAGES)
+            ]
+            published = await api("Publish", pb.PublishRequest(topic=topic, messages=messages))
+            ids = set(published.message_ids)
+            open_stream = channel.stream_stream(
+                "/google.pubsub.v1.Subscriber/StreamingPull",
+                request_serializer=pb.StreamingPullRequest.SerializeToString,
+                response_deserializer=pb.StreamingPullResponse.FromString,
+            )
+            call = open_stream()
+            await call.write(
+                pb.StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=60)
+            )
+            got: dict[str, str] = {}
+            while set(got) != ids:
+                response = await asyncio.wait_for(call.read(), 30)
+                assert response is not grpc.aio.EOF, "the stream ended early"
+                got.update((m.message.message_id, m.ack_id) for m in response.received_messages)
+            backend.armed = True
+            await call.write(pb.StreamingPullRequest(ack_ids=list(got.values())))
+            await call.done_writing()  # the client closes its stream: OK
+            while await asyncio.wait_for(call.read(), 30) is not grpc.aio.EOF:
+                pass
+            assert await call.code() == grpc.StatusCode.OK
+        await until(lambda: backend.holding, 30, "the housekeeping leaving the ownership")
+        stopped = True
+        await _stop_within_bound(gateway)  # never returned before
+        assert backend.dropped == 1
+    finally:
+        if not stopped:
+            await gateway.stop()
 
 
 async def test_end_task_cancels_again_a_task_that_dropped_its_cancellation() -> None:
