@@ -521,7 +521,9 @@ class Backend(Protocol):
         """Apply one partition's seek in one atomic step: move the group, acknowledge
         pending entries at or below the new position but for ``plan.redeliver``,
         which are made pending again to ``consumer`` and reclaimable at once.
-        Return (acknowledged, made pending again)."""
+        On an ordered subscription, a partition where entries were made pending
+        again passes to a new owner, which takes them over before it reads the
+        entries after the position. Return (acknowledged, made pending again)."""
         ...
 
     async def hold_positions(

@@ -42,6 +42,12 @@ token.
   (:meth:`PartitionOwner.fenced_out`). A fence holding a larger token at take
   time means the same. The reclaimer's sweeps (the take-over's too) are fenced
   as reads are.
+- **Seek**: a snapshot seek that makes entries pending again raises the fence
+  of their partition (in the step that moves the position back), so its owner
+  is fenced out and the partition's next owner takes them over before reading
+  the entries after the position. Sweeps leave alone entries pending above the
+  position (a seek back leaves them there): a read delivers them again, in
+  order.
 """
 
 from __future__ import annotations
@@ -277,7 +283,10 @@ class PartitionOwner:
                 task.add_done_callback(self._tasks.discard)
             self._assign()
             interval = self._lease / 3
-            if result.waiting or self._handing_back:
+            # Released partitions (handed over, or given up when fenced out by a
+            # seek) are taken by their rightful member's next heartbeat: ours
+            # comes soon, in case that is us.
+            if result.waiting or self._handing_back or release:
                 interval = min(interval, _BUSY_INTERVAL)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

@@ -262,7 +262,7 @@ class RedisBackend:
         self._ack = _Script(_script("ack.lua"))
         self._extend = _Script(_script("extend.lua"))
         self._nack = _Script(_script("nack.lua"))
-        self._reclaim = _Script(_script("reclaim.lua"))
+        self._reclaim = _Script(_script("reclaim.lua", "_ids.lua"))
         self._dead_letter = _Script(_script("dead_letter.lua", "_dead_letter_append.lua"))
         self._ack_owned = _Script(_script("ack_owned.lua"))
         self._delete_idle_consumers = _Script(_script("delete_idle_consumers.lua"))
@@ -1297,9 +1297,11 @@ class RedisBackend:
     async def seek_partition(
         self, topic: TopicRecord, group: str, partition: int, plan: PartitionSeek, consumer: str
     ) -> tuple[int, int]:
+        tag = self._tags(topic)[partition]
         keys = [
             *self._companions(topic, partition, group),
-            _keys.seek_key(self._tags(topic)[partition], group),
+            _keys.seek_key(tag, group),
+            _keys.fence_key(tag, group),
         ]
         acked = restored = 0
         with self._errors():
@@ -1308,8 +1310,10 @@ class RedisBackend:
                     chunk = plan.redeliver[i : i + self.SEEK_STEP]
                     args = [group, "restore", consumer, self._RESTORED_IDLE_MS, *chunk]
                     restored += int((await self._evalsha(self._seek, keys, args))[1])
+                # Set after restoring: an ordered partition's next owner (see
+                # seek.lua) must find the restored entries when it takes over.
                 _, _, position = await self._evalsha(
-                    self._seek, keys, [group, "set", plan.position]
+                    self._seek, keys, [group, "set", plan.position, "1" if restored else "0"]
                 )
                 cursor = "-"
                 while cursor:

@@ -26,6 +26,10 @@
 -- ARGV[9] (the sweeper's fencing token), the sweep runs only while the fence
 -- holds that token, and returns {'fenced', {}} otherwise: a deposed owner's
 -- sweep takes nothing from the new owner.
+-- On an ordered subscription the sweep also passes over entries above the
+-- group's last-delivered id (pending there after a seek back): a read
+-- delivers them again, in stream order; taken by a sweep they would overtake
+-- the older entries of their key that the read has not reached yet.
 if KEYS[4] and redis.call('GET', KEYS[4]) ~= ARGV[9] then
   return {'fenced', {}}
 end
@@ -40,6 +44,15 @@ local take_parked = ARGV[8] == '1'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local items = {}
+local upto = '+'
+if KEYS[4] then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' and g[i + 1] ~= group then break end
+      if g[i] == 'last-delivered-id' then upto = g[i + 1] end
+    end
+  end
+end
 
 local function take(id, idle, delivered)
   local record = redis.call('HGET', times, id)
@@ -69,7 +82,11 @@ if start == '-' then
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', delays, '-inf', now, 'LIMIT', 0, count)) do
     if not skip[id] then
       redis.call('ZREM', delays, id)
-      local p = redis.call('XPENDING', key, group, id, id, 1)[1]
+      -- (Above the position its delay is moot: the read delivers it again.)
+      local p = nil
+      if upto == '+' or not less(upto, id) then
+        p = redis.call('XPENDING', key, group, id, id, 1)[1]
+      end
       -- Only while still parked (or idle past min-idle: a delay of an older
       -- version): after a seek back a reader may hold the entry again, and a
       -- stale delay must not take it from under its running handler.
@@ -80,7 +97,7 @@ end
 
 local cursor = '0-0'
 local page = math.max(count, 100)
-local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, '+', page)
+local pending = redis.call('XPENDING', key, group, 'IDLE', min_idle, start, upto, page)
 for i, p in ipairs(pending) do
   if #items >= count then
     cursor = (i == 1) and start or ('(' .. pending[i - 1][1])

@@ -3,14 +3,24 @@
 -- pending entries (100,000 pending once took 1.5 s in a single step).
 -- KEYS[1]: the stream, KEYS[2]: the group's delay set, KEYS[3]: its
 -- delivery-time records, KEYS[4]: the ids this seek makes pending again (a set
--- that lives for the seek, so the acknowledging steps skip them).
+-- that lives for the seek, so the acknowledging steps skip them), KEYS[5]: the
+-- partition's fence (fence.lua; it exists on ordered subscriptions only).
 -- ARGV[1]: group, ARGV[2]: the step:
 --   'restore' (snapshot seeks, first): ARGV[3]: the consumer that holds the
 --     entries to deliver again, ARGV[4]: the idle time (ms) they get so that
 --     any reclaimer takes them at once, ARGV[5..]: pending-then ids. Returns
 --     {0, made pending again, ''}.
---   'set': ARGV[3]: the new last-delivered id ('$' = the end). Returns
---     {0, 0, the position set (the end's id for '$')}.
+--   'set': ARGV[3]: the new last-delivered id ('$' = the end), ARGV[4]: '1'
+--     if 'restore' made entries pending again here: then a fence, where there
+--     is one, is raised by one, above the token of the partition's owner, in
+--     the same step that moves the group back. Its reads and sweeps are
+--     refused from then on; it gives the partition up, and the next owner
+--     (its token is at least the server clock and above the last token
+--     handed out, so at least the raised fence) takes over everything
+--     pending there, the restored entries included, before it reads the
+--     entries after the position: no key's newer message overtakes an older
+--     one made pending again. Returns {0, 0, the position set (the end's id
+--     for '$')}.
 --   'ack': ARGV[3]: the new position, ARGV[4]: the cursor ('-' or '(' .. id),
 --     ARGV[5]: the most pending entries to look at in this step. Pending
 --     entries at or below the position, except those made pending again, are
@@ -18,7 +28,7 @@
 --     next reads (Redis gives them to the reader with count 1). Returns
 --     {acknowledged, 0, the next cursor or '' when done}.
 --   'done': forget the set of ids made pending again. Returns {0, 0, ''}.
-local key, delays, times, again = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local key, delays, times, again, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, step = ARGV[1], ARGV[2]
 if step == 'restore' then
   local consumer, idle, restored = ARGV[3], ARGV[4], 0
@@ -44,6 +54,9 @@ elseif step == 'set' then
     end
   end
   redis.call('XGROUP', 'SETID', key, group, position)
+  if ARGV[4] == '1' and redis.call('EXISTS', fence) == 1 then
+    redis.call('INCR', fence)
+  end
   return {0, 0, position}
 elseif step == 'done' then
   redis.call('DEL', again)
