@@ -415,16 +415,30 @@ class RedisBackend:
                 self._partition_of[key.encode()] = partition
         return keys
 
+    async def _routed(self, key: str | None, *command: Any) -> Any:
+        """``command``'s reply. ``key``, one of its keys, names the slot whose
+        node runs it on a cluster (see RedisClusterBackend); unused here."""
+        return await self._redis.execute_command(*command)
+
+    async def _pipelined(self, calls: Sequence[tuple[str | None, tuple[Any, ...]]]) -> list[Any]:
+        """Each (key, command)'s reply, in one round trip; an error reply is the
+        exception, in its place. ``key`` as for :meth:`_routed`."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for _, command in calls:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
+
     async def _evalsha(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         sha = script.sha or await script.load(self._redis)
+        key = keys[0] if keys else None
         try:
-            return await self._redis.evalsha(sha, len(keys), *keys, *args)
+            return await self._routed(key, "EVALSHA", sha, len(keys), *keys, *args)
         except rexc.NoScriptError:
             # Not run. The source, so it runs whichever server answers (a
             # promoted replica, a node that did not get SCRIPT LOAD); loaded
             # again for the next calls.
             await script.load(self._redis)
-            return await self._redis.eval(script.source, len(keys), *keys, *args)
+            return await self._routed(key, "EVAL", script.source, len(keys), *keys, *args)
 
     async def ping(self) -> None:
         """PING; with ``Durability(fsync=True)``, also check that every master
@@ -824,11 +838,12 @@ class RedisBackend:
         """
         sha = script.sha or await script.load(self._redis)
         results: list[Any] = [None] * len(calls)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for _, keys, args in calls:
-                # Not pipe.evalsha(): the cluster pipeline refuses it by name.
-                pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-            replies = await pipe.execute(raise_on_error=False)
+        replies = await self._pipelined(
+            [
+                (keys[0] if keys else None, ("EVALSHA", sha, len(keys), *keys, *args))
+                for _, keys, args in calls
+            ]
+        )
         missing = []
         for i, reply in enumerate(replies):
             if isinstance(reply, rexc.NoScriptError):
@@ -840,11 +855,13 @@ class RedisBackend:
         if not missing:
             return results
         await script.load(self._redis)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for i in missing:
-                _, keys, args = calls[i]
-                pipe.execute_command("EVAL", script.source, len(keys), *keys, *args)
-            replies = await pipe.execute(raise_on_error=False)
+        again = [calls[i] for i in missing]
+        replies = await self._pipelined(
+            [
+                (keys[0] if keys else None, ("EVAL", script.source, len(keys), *keys, *args))
+                for _, keys, args in again
+            ]
+        )
         for i, reply in zip(missing, replies, strict=True):
             if isinstance(reply, Exception):
                 raise reply

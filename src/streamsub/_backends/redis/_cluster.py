@@ -93,6 +93,7 @@ from ._backend import (
 )
 from ._in_order import InOrderConnection
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
+from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
 from ._slots import balanced_salts, key_slot
 
 log = logging.getLogger("streamsub")
@@ -113,8 +114,6 @@ IDLE_POLL_FIRST = 0.002
 IDLE_POLL_MAX = 0.1
 """The longest wait between polls of an idle reader: the most a message that
 arrives after an idle spell waits for its poll."""
-MAX_REDIRECTS = 5
-"""How often one batch may be redirected (MOVED/ASK) before its publish fails."""
 NEXT_NODE_AFTER = 1.0
 """Seconds a read of records (or of the slot map) waits for a node's answer
 before it asks the next node too (a replica of the slot's master; another node
@@ -470,6 +469,10 @@ class RedisClusterBackend(RedisBackend):
             socket_timeout=socket_timeout,
             socket_connect_timeout=min(SOCKET_CONNECT_TIMEOUT, socket_timeout),
             health_check_interval=HEALTH_CHECK_INTERVAL,
+            # Never rebuild the whole view (closing every node's connections)
+            # after some MOVED replies: 0 turns that off (redis-py 5.0.1 to 7.x);
+            # each MOVED patches its slot.
+            reinitialize_steps=0,
             **{**url_options, **options},
         )
         client.set_response_callback("XREADGROUP", _raw)
@@ -500,6 +503,21 @@ class RedisClusterBackend(RedisBackend):
             ssl_ca_certs=ssl_ca_certs,
             durability=durability,
         )
+        self._router = SlotRouter(self._redis)
+
+    async def _routed(self, key: str | None, *command: Any) -> Any:
+        if key is None:  # no slot to route by: redis-py picks a node
+            return await super()._routed(key, *command)
+        (reply,) = await self._router.run([(key, command)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def _pipelined(self, calls: Sequence[tuple[str | None, tuple[Any, ...]]]) -> list[Any]:
+        keyed = [(key, command) for key, command in calls if key is not None]
+        if len(keyed) < len(calls):
+            return await super()._pipelined(calls)
+        return await self._router.run(keyed)
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
@@ -515,6 +533,11 @@ class RedisClusterBackend(RedisBackend):
         with super()._errors():
             try:
                 yield
+            except SlotMigratingError as exc:
+                raise UnavailableError(
+                    f"slot {exc.slot} of the Redis Cluster at {self.url} is migrating to "
+                    f"another master ({exc}); try again once the migration is over"
+                ) from exc
             except NoFreeConnectionError as exc:
                 if exc.stalled:
                     raise UnavailableError(
@@ -773,16 +796,18 @@ class RedisClusterBackend(RedisBackend):
         keys = self._keys(topic)
 
         async def poll() -> OwnedRead:
-            async with self._redis.pipeline() as pipe:
-                for p in partitions:
-                    # The node named: redis-py would otherwise ask the server
-                    # for XREADGROUP's keys (COMMAND GETKEYS) before each one.
-                    pipe.execute_command(
-                        "XREADGROUP", "GROUP", group, consumer, "COUNT", count,
-                        "STREAMS", keys[p], ">",
-                        target_nodes=self._redis.get_node_from_key(keys[p]),
-                    )  # fmt: skip
-                replies = await pipe.execute()
+            # Routed by the key's slot here, not by redis-py (which would ask
+            # the server for XREADGROUP's keys, COMMAND GETKEYS, before each).
+            replies = await self._pipelined(
+                [
+                    (keys[p], ("XREADGROUP", "GROUP", group, consumer, "COUNT", count,
+                               "STREAMS", keys[p], ">"))
+                    for p in partitions
+                ]
+            )  # fmt: skip
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
             return OwnedRead(
                 [
                     Entry(p, entry_id.decode(), fields, 1)
