@@ -2,8 +2,8 @@
 
 Everything the standalone backend does runs here unchanged where it touches one
 slot at a time: every Lua step names only keys of one partition (which share
-the partition's hash tag) or one record, and pipelines are split by node by
-redis-py's cluster client. What differs:
+the partition's hash tag) or one record, and a pipeline of such steps is split by
+node (see Lua calls below). What differs:
 
 - **Layout**: a topic created here gets layout ``v2``: per-partition salts
   (``_slots.py``) chosen so its partitions spread evenly over the masters that
@@ -30,7 +30,8 @@ redis-py's cluster client. What differs:
   28 ms, at most about :data:`IDLE_POLL_MAX`; 7 ms on one server), and an
   idle subscriber of a 16-partition topic sends about 190 ``XREADGROUP``
   per second. redis-py would also ask the server for each ``XREADGROUP``'s
-  keys (``COMMAND GETKEYS``) before sending it; naming the node skips that.
+  keys (``COMMAND GETKEYS``) before sending it; routing by the key's slot
+  here skips that.
 - **Appending**: batches go through one in-order connection per node (as on
   one server, several in flight), routed by a slot map of the appender's own
   that changes only under its send lock, so that a batch redirected by
@@ -43,6 +44,26 @@ redis-py's cluster client. What differs:
   (it may or may not be stored after a lost connection; it is not after the
   others). The appender's connections are its own, not the node pools':
   redis-py closes every pooled connection on some errors.
+- **Lua calls and reads**: acks, lease extensions, nacks, reclaims and the
+  other Lua steps, and the reading polls, are routed by their first key's slot
+  here (``_routing.SlotRouter``), each node's calls in one write on one of its
+  pooled connections, not by redis-py's cluster client. Its redirection
+  handling has two traps: on ``ASK`` it sends ``ASKING`` and the command on
+  two pooled connections, so with more than one free the importing node
+  redirects again and the call fails "TTL exhausted" for as long as the slot
+  migrates; and every fifth ``MOVED`` it closes every node's connections,
+  cutting calls in flight elsewhere. So a call answered ``MOVED`` goes to the
+  new master (its slot patched into redis-py's map, ``reinitialize_steps=0``:
+  no rebuild), one answered ``ASK`` goes to the importing node behind
+  ``ASKING`` in the same write, and ``TRYAGAIN`` (a step on several keys, some
+  not on the importing node) is tried there again after growing pauses. Past
+  :data:`~._routing.MAX_REDIRECTS` redirections or the pauses, the call fails
+  with UnavailableError saying the slot is migrating. Redis cannot tell a key
+  still to come from one that does not exist, so a step naming a key that
+  does not exist yet (a partition's delay set before any delayed nack) waits
+  for the slot's handover: a resharding tool makes that milliseconds after the
+  last keys move; a migration held longer fails the step, which the engine
+  retries.
 - **Dead letters**: the dead-letter stream is in another slot, so the move is
   append first, then an owner-checked acknowledgement: a crash between the two
   can duplicate a dead letter, never lose one.
