@@ -69,8 +69,8 @@ class SlotRouter:
 
     async def run(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
         """Each (key, command)'s reply, the commands of each node in one write,
-        the nodes in parallel; an error reply (or a lost connection) is the
-        exception, in its place."""
+        the nodes in parallel; an error reply (or a lost connection, or
+        :class:`SlotMigratingError`) is the exception, in its place."""
         await self._client.initialize()  # at once unless a refresh is due
         slots = [key_slot(key) for key, _ in calls]
         replies: list[Any] = [None] * len(calls)
@@ -102,12 +102,13 @@ class SlotRouter:
                         todo[i] = (f"{result.host}:{result.port}", True)
                     elif isinstance(result, rexc.TryAgainError):
                         if tries[i] == len(TRY_AGAIN_PAUSES):
-                            raise SlotMigratingError(
+                            replies[i] = SlotMigratingError(
                                 slots[i],
                                 f"a step on several keys of slot {slots[i]} was answered "
                                 f"TRYAGAIN {tries[i]} times: some of its keys are not on "
                                 "the node the slot migrates to (moved yet, or not existing)",
                             )
+                            continue
                         pause = max(pause, TRY_AGAIN_PAUSES[tries[i]])
                         tries[i] += 1
                         # The same node again: the importing one (behind ASKING),
@@ -124,7 +125,8 @@ class SlotRouter:
                         replies[i] = result
                         continue
                     if redirects[i] > MAX_REDIRECTS:
-                        raise SlotMigratingError(
+                        del todo[i]
+                        replies[i] = SlotMigratingError(
                             slots[i],
                             f"slot {slots[i]} was redirected {MAX_REDIRECTS} times (last: "
                             f"{type(result).__name__} {result})",
