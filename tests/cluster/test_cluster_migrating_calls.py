@@ -123,7 +123,10 @@ def _errorstat(cluster: RedisClusterServers, port: int, error: str) -> int:
     node = cluster.node(port)
     try:
         stat = node.info("errorstats").get(f"errorstat_{error}")
-        return int(stat["count"]) if stat else 0
+        if not stat:
+            return 0
+        # redis-py 6+ parses "count=3" into a dict; 5.0 leaves the text.
+        return int(stat["count"] if isinstance(stat, dict) else str(stat).split("=")[1])
     finally:
         node.close()
 
