@@ -175,19 +175,35 @@ def _sockets(node: Any) -> list[tuple[int, Any]]:
     ]
 
 
+def _settled(cluster: RedisClusterServers, slot: int) -> int:
+    """Wait until every master names the same owner of ``slot``; its port."""
+    deadline = time.monotonic() + 10
+    while True:
+        owners = {
+            port
+            for master in cluster.master_ports()
+            for first, last, port in _ranges(cluster, master)
+            if first <= slot <= last
+        }
+        if len(owners) == 1:
+            return owners.pop()
+        assert time.monotonic() < deadline, f"the masters disagree on slot {slot}: {owners}"
+        time.sleep(0.01)
+
+
 def _move(cluster: RedisClusterServers, slot: int) -> None:
-    """Move ``slot`` to another master, and wait until every master says so."""
+    """Move ``slot`` to another master once every master agrees on its owner,
+    and wait until they all name the new one (the new owner's config epoch
+    made the highest, so that quick moves back and forth settle)."""
+    _settled(cluster, slot)
     with slot_held_migrating(cluster, slot) as (_, target):
         pass
-    deadline = time.monotonic() + 10
-    while any(
-        port != target
-        for master in cluster.master_ports()
-        for first, last, port in _ranges(cluster, master)
-        if first <= slot <= last
-    ):
-        assert time.monotonic() < deadline, "the masters disagree on the slot's owner"
-        time.sleep(0.01)
+    node = cluster.node(target)
+    try:
+        node.execute_command("CLUSTER", "BUMPEPOCH")
+    finally:
+        node.close()
+    assert _settled(cluster, slot) == target
 
 
 async def test_many_moved_replies_in_a_row_leave_other_nodes_connections_alone(
