@@ -209,18 +209,20 @@ def _move(cluster: RedisClusterServers, slot: int) -> None:
 async def test_many_moved_replies_in_a_row_leave_other_nodes_connections_alone(
     emptied: RedisClusterServers, client: streamsub.Client
 ) -> None:
-    """Partition 0's slot moves between two masters twelve times, each move
-    followed by an ack into it through the client's stale slot map (a MOVED
-    reply): every ack succeeds, and a blocking read in flight on the third
-    master is not cut (redis-py alone closes every node's connections every
-    fifth MOVED, and resends the read), nor are that master's pooled
-    connections closed."""
+    """Partition 0's slot moves to another master; then, twelve times, the
+    client's slot map names the old master again (as a client's map is stale
+    after each move) and an ack into the slot gets a MOVED reply: every ack
+    succeeds, and a blocking read in flight on the third master is not cut
+    (redis-py alone closes every node's connections every fifth MOVED, and
+    resends the read), nor are that master's pooled connections closed."""
     cluster = emptied
     backend = _backend(client)
     record, held = await _held(client, "c1")
     slot = partition_slot(cluster, TOPIC, 0)
-    _move(cluster, slot)  # the client's map is stale from here on
+    before = owner_port(cluster, slot)
+    _move(cluster, slot)
     first = owner_port(cluster, slot)
+    assert first != before
     second = next(p for p in cluster.master_ports() if p != first)
     third = next(p for p in cluster.master_ports() if p not in (first, second))
     probe = next(
@@ -247,8 +249,10 @@ async def test_many_moved_replies_in_a_row_leave_other_nodes_connections_alone(
         assert len(sockets) > 1  # the blocked read's and the pool's
         ids = held[0]
         moves = 12
+        stale = redis_cluster.get_node(host="127.0.0.1", port=before)
+        moved_before = _errorstat(cluster, before, "MOVED")
         for n in range(moves):
-            _move(cluster, slot)
+            redis_cluster.nodes_manager.slots_cache[slot] = [stale]  # the map before the move
             assert await backend.ack(record, GROUP, {0: ids[n::moves]}) == len(ids[n::moves])
         assert not blocked.done(), blocked
         writer = cluster.client()
@@ -262,6 +266,7 @@ async def test_many_moved_replies_in_a_row_leave_other_nodes_connections_alone(
         # The blocked read and the pooled connections to the third master are
         # the same connections on the same sockets: none was cut.
         assert _sockets(third_node)[: len(sockets)] == sockets
+        assert _errorstat(cluster, before, "MOVED") - moved_before == moves  # one each
     finally:
         if not blocked.done():
             blocked.cancel()
