@@ -186,25 +186,7 @@ def test_rest_and_grpc_web_through_nginx(https: httpx.Client, project: str) -> N
     assert created.headers.get_list("access-control-allow-origin") == ["https://app.example"]
     data = [{"data": base64.b64encode(b"w%d" % i).decode()} for i in range(100)]
     ids = set(https.post(f"/v1/{topic}:publish", json={"messages": data}).json()["messageIds"])
-    first = pubsub.StreamingPullRequest.pb()(subscription=sub, stream_ack_deadline_seconds=60)
-    received: set[str] = set()
-    with https.stream(
-        "POST",
-        "/google.pubsub.v1.Subscriber/StreamingPull",
-        content=_frame(first.SerializeToString()),
-        headers=_GRPC_WEB,
-    ) as response:
-        buffer = b""
-        for chunk in response.iter_raw():
-            buffer += chunk
-            while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
-                length = int.from_bytes(buffer[1:5], "big")
-                payload, buffer = buffer[5 : 5 + length], buffer[5 + length :]
-                parsed = pubsub.StreamingPullResponse.pb().FromString(payload)
-                received |= {m.message.message_id for m in parsed.received_messages}
-            if received >= ids:
-                break
-    assert received == ids
+    assert grpc_web_stream(https, sub, ids) == ids
     preflight = https.options(
         f"/v1/{topic}",
         headers={"origin": "https://app.example", "access-control-request-method": "PUT"},
@@ -257,3 +239,27 @@ def test_streaming_flows_through_nginx(
         subscriber.close()
         publisher.stop()
         ordered_publisher.stop()
+
+
+def grpc_web_stream(client: httpx.Client, sub: str, ids: set[str]) -> set[str]:
+    """The ids a gRPC-Web StreamingPull of ``sub`` through ``client`` receives,
+    read until they cover ``ids`` (or the stream ends)."""
+    first = pubsub.StreamingPullRequest.pb()(subscription=sub, stream_ack_deadline_seconds=60)
+    received: set[str] = set()
+    with client.stream(
+        "POST",
+        "/google.pubsub.v1.Subscriber/StreamingPull",
+        content=_frame(first.SerializeToString()),
+        headers=_GRPC_WEB,
+    ) as response:
+        buffer = b""
+        for chunk in response.iter_raw():
+            buffer += chunk
+            while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
+                length = int.from_bytes(buffer[1:5], "big")
+                payload, buffer = buffer[5 : 5 + length], buffer[5 + length :]
+                parsed = pubsub.StreamingPullResponse.pb().FromString(payload)
+                received |= {m.message.message_id for m in parsed.received_messages}
+            if received >= ids:
+                break
+    return received

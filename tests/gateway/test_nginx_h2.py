@@ -12,7 +12,7 @@ import pytest
 from google.pubsub_v1.types import pubsub
 
 from tests.gateway.test_http import _GRPC_WEB, _frame, _frames
-from tests.gateway.test_nginx import FrontDoor, front_door  # noqa: F401 (fixture)
+from tests.gateway.test_nginx import FrontDoor, front_door, grpc_web_stream  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -47,26 +47,7 @@ def test_rest_and_grpc_web_through_nginx_over_http2(https2: httpx.Client, projec
     assert pubsub.Subscription.pb().FromString(messages[0]).topic == topic
     data = [{"data": base64.b64encode(b"h%d" % i).decode()} for i in range(100)]
     ids = set(https2.post(f"/v1/{topic}:publish", json={"messages": data}).json()["messageIds"])
-    first = pubsub.StreamingPullRequest.pb()(subscription=sub, stream_ack_deadline_seconds=60)
-    received: set[str] = set()
-    with https2.stream(
-        "POST",
-        "/google.pubsub.v1.Subscriber/StreamingPull",
-        content=_frame(first.SerializeToString()),
-        headers=_GRPC_WEB,
-    ) as response:
-        assert response.http_version == "HTTP/2"
-        buffer = b""
-        for chunk in response.iter_raw():
-            buffer += chunk
-            while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
-                length = int.from_bytes(buffer[1:5], "big")
-                payload, buffer = buffer[5 : 5 + length], buffer[5 + length :]
-                parsed = pubsub.StreamingPullResponse.pb().FromString(payload)
-                received |= {m.message.message_id for m in parsed.received_messages}
-            if received >= ids:
-                break
-    assert received == ids
+    assert grpc_web_stream(https2, sub, ids) == ids
     preflight = https2.options(
         f"/v1/{topic}",
         headers={"origin": "https://app.example", "access-control-request-method": "PUT"},

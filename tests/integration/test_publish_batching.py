@@ -26,11 +26,15 @@ from tests._wait import until
 
 
 class _Counting(TEST_BACKEND):
-    """Counts its appends (writes) and the messages they carry."""
+    """Counts its appends (writes); with ``hold_first``, the first one waits
+    until ``release`` is set (later ones run at once)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, hold_first: bool = False) -> None:
         super().__init__(url)
         self.writes = 0
+        self.release = asyncio.Event()
+        if not hold_first:
+            self.release.set()
 
     async def append(
         self,
@@ -39,25 +43,7 @@ class _Counting(TEST_BACKEND):
         links: Mapping[int, Link] | None = None,
     ) -> dict[int, list[str] | StreamsubError]:
         self.writes += 1
-        return await super().append(topic, batch, links)
-
-
-class _HoldsFirst(TEST_BACKEND):
-    """Its first append waits until ``release`` is set; later ones run at once."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.release = asyncio.Event()
-        self.started = 0
-
-    async def append(
-        self,
-        topic: TopicRecord,
-        batch: Mapping[int, bytes],
-        links: Mapping[int, Link] | None = None,
-    ) -> dict[int, list[str] | StreamsubError]:
-        self.started += 1
-        if self.started == 1:
+        if self.writes == 1:
             await self.release.wait()
         return await super().append(topic, batch, links)
 
@@ -157,7 +143,7 @@ async def test_while_a_write_is_in_flight_the_batch_goes_at_its_latency_ceiling(
     once max_latency has passed (the timer is a ceiling): its write starts, and
     its publish completes, while the first write is still held."""
     redis_client.flushall()
-    backend = _HoldsFirst(server.url)
+    backend = _Counting(server.url, hold_first=True)
     settings = streamsub.BatchSettings(max_latency=0.05)
     try:
         topic = await backend.create_topic(TopicRecord("ceiling", 2, "", 0.0))
@@ -166,7 +152,7 @@ async def test_while_a_write_is_in_flight_the_batch_goes_at_its_latency_ceiling(
         # linked after it would (rightly) be refused.
         assert partition_for_key("k1", 2) != partition_for_key("k2", 2)
         first = asyncio.ensure_future(publisher.publish([encode(b"a", "k1", max_bytes=1024)]))
-        await until(lambda: backend.started == 1, 5, "the first write in flight")
+        await until(lambda: backend.writes == 1, 5, "the first write in flight")
         second = asyncio.ensure_future(publisher.publish([encode(b"b", "k2", max_bytes=1024)]))
         async with asyncio.timeout(5):
             ids = await second
