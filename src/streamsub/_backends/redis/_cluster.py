@@ -153,12 +153,12 @@ _TRANSIENT = (
 
 
 def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    """The (host, port) list and the client options of a ``redis+cluster://`` URL."""
-    scheme, _, rest = url.partition("://")
-    netloc, _, tail = rest.partition("/")
-    path, _, query = tail.partition("?")
-    if "?" in netloc:
-        netloc, _, query = netloc.partition("?")
+    """The (host, port) list and the client options of a ``redis+cluster://`` URL.
+
+    The nodes end at the first ``/``, ``?`` or ``#``; the path (only ``/`` or
+    ``/0``) at the ``?``, so a query value may hold ``/`` (a CA file's path)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme, netloc, path, query = parts.scheme, parts.netloc, parts.path, parts.query
     options: dict[str, Any] = {}
     at = netloc.rfind("@")
     if at >= 0:
