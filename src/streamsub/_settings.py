@@ -221,6 +221,10 @@ class Durability:
     ``timeout`` seconds (default 5), the publish raises
     :class:`~streamsub.UnavailableError`: the messages are stored on the master
     but may be lost if it fails now (publishing them again may duplicate them).
+    Each master's wait judges the partitions it stores: on a Redis Cluster, a
+    master left without a replica (its own replica promoted after a failover)
+    fails the publishes to its partitions only, not those the other masters'
+    replicas confirmed, though they were in the same batch.
     ``timeout`` must stay below the connection's socket timeout (10 s by
     default). ``replicas``: 0 to 100.
     """

@@ -273,7 +273,10 @@ class Backend(Protocol):
         links: Mapping[int, Link] | None = None,
     ) -> dict[int, list[str] | StreamsubError]:
         """Append each partition's messages in order; return, per partition, their
-        ids or why that partition's write was not done (nothing of it stored).
+        ids or why that partition's write failed: not done (nothing of it
+        stored), or stored but not confirmed as the backend's durability asks
+        (:class:`~streamsub.UnavailableError`; judged per node: on a cluster, a node whose
+        replicas fell short fails only the partitions it stored).
 
         Each partition's messages come packed and concatenated (``Encoded.packed``).
         A partition with a :class:`Link` is written only if the link holds, else it

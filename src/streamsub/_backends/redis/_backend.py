@@ -725,19 +725,27 @@ class RedisBackend:
                     ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
                 )
         with self._errors():
-            replies, waited = await self._append_many(commands, self._behind())
+            replies, confirmations = await self._append_many(commands, self._behind())
             for reply in replies:
                 # A connection lost under a write: its outcome, and that of every
                 # write on that connection, is unknown. The call fails as a whole.
                 if isinstance(reply, rexc.ConnectionError | rexc.TimeoutError | OSError):
                     raise reply
-        self._check_confirmed(topic, waited)
         results: dict[int, list[str] | StreamsubError] = {}
         for p, reply in zip(partitions, replies, strict=True):
             if isinstance(reply, Exception):
                 results[p] = self._translated(reply)
             else:
                 results[p] = [i.decode() for i in reply]
+        # Each node's confirmation judges what that node stored, and only that:
+        # on a cluster, a master left without a replica fails its partitions'
+        # writes, not those the other masters' replicas confirmed.
+        for confirmation, indexes in confirmations:
+            error = self._unconfirmed(topic, confirmation)
+            if error is not None:
+                for i in indexes:
+                    if not isinstance(results[partitions[i]], StreamsubError):
+                        results[partitions[i]] = error
         return results
 
     def _behind(self) -> tuple[Any, ...] | None:
@@ -750,33 +758,33 @@ class RedisBackend:
             return ("WAIT", durability.replicas, timeout_ms)
         return None
 
-    def _check_confirmed(self, topic: TopicRecord, waited: Sequence[Any]) -> None:
-        """Raise unless every reply to :meth:`_behind`'s command (one per node
-        that stored some of the batch) confirms what Durability asks."""
+    def _unconfirmed(self, topic: TopicRecord, reply: Any) -> StreamsubError | None:
+        """Why a node's reply to :meth:`_behind`'s command does not confirm what
+        Durability asks of the writes it covers; None when it does."""
         durability = self._durability
-        local, replicas = 1, durability.replicas
-        for reply in waited:
-            if isinstance(reply, rexc.ResponseError):
-                refusal = self._fsync_refusal(reply, self.url)
-                if refusal is not None:
-                    raise FailedPreconditionError(
-                        f"a batch for topic {topic.name!r} was stored on its master, but "
-                        f"not confirmed: {refusal}"
-                    ) from reply
+        if isinstance(reply, rexc.ResponseError):
+            refusal = self._fsync_refusal(reply, self.url)
+            if refusal is not None:
+                error: StreamsubError = FailedPreconditionError(
+                    f"a batch for topic {topic.name!r} was stored on its master, but "
+                    f"not confirmed: {refusal}"
+                )
+                error.__cause__ = reply
+                return error
+        if durability.fsync:
             # A wait that failed (its connection lost, its node a replica now)
             # confirmed nothing.
-            if durability.fsync and isinstance(reply, Exception):
-                raise UnavailableError(
+            if isinstance(reply, Exception):
+                error = UnavailableError(
                     f"a batch for topic {topic.name!r} was stored on its master but its "
                     f"fsync could not be confirmed ({type(reply).__name__}: {reply}): it may "
                     "be lost if that server fails now; publishing it again may store it twice"
-                ) from reply
-            if durability.fsync:
-                fsynced = tuple(map(int, reply))
-                local, replicas = min(local, fsynced[0]), min(replicas, fsynced[1])
-            else:
-                replicas = min(replicas, 0 if isinstance(reply, Exception) else int(reply))
-        if durability.fsync and (local < 1 or replicas < durability.replicas):
+                )
+                error.__cause__ = reply
+                return error
+            local, replicas = map(int, reply)
+            if local >= 1 and replicas >= durability.replicas:
+                return None
             missing = (
                 [] if local else ["the master did not fsync it (with appendfsync no it never does)"]
             )
@@ -785,19 +793,21 @@ class RedisBackend:
                     f"only {replicas} of the {durability.replicas} replicas asked for "
                     "fsynced it (a replica counts only with appendonly yes)"
                 )
-            raise UnavailableError(
+            return UnavailableError(
                 f"a batch for topic {topic.name!r} was stored on its master but "
                 f"{' and '.join(missing)} within {durability.timeout:g} s (Durability with "
                 "fsync): it may be lost if that server fails now; publishing it again may "
                 "store it twice"
             )
-        if not durability.fsync and replicas < durability.replicas:
-            raise UnavailableError(
-                f"a batch for topic {topic.name!r} was stored on its master but only "
-                f"{replicas} of the {durability.replicas} replicas asked for confirmed it "
-                f"within {durability.timeout:g} s (Durability): it may be lost if that "
-                "master fails now; publishing it again may store it twice"
-            )
+        replicas = 0 if isinstance(reply, Exception) else int(reply)
+        if replicas >= durability.replicas:
+            return None
+        return UnavailableError(
+            f"a batch for topic {topic.name!r} was stored on its master but only "
+            f"{replicas} of the {durability.replicas} replicas asked for confirmed it "
+            f"within {durability.timeout:g} s (Durability): it may be lost if that "
+            "master fails now; publishing it again may store it twice"
+        )
 
     def _unreachable(self, exc: Exception) -> str:
         """The message of the UnavailableError for a connection refused or lost."""
@@ -819,12 +829,15 @@ class RedisBackend:
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[Any], list[tuple[Any, list[int]]]]:
         """Send the appends in order on the in-order connection, ``after`` (a WAIT
         or WAITAOF, maybe shared with other calls') behind them; return their
-        replies and ``after``'s."""
+        replies, and ``after``'s with the indexes of the appends it confirms
+        (every one: a single server stored them all)."""
         replies = await self._appender.call_many(commands, after)
-        return (replies[:-1], replies[-1:]) if after else (replies, [])
+        if not after:
+            return replies, []
+        return replies[:-1], [(replies[-1], list(range(len(commands))))]
 
     async def _evalsha_many(
         self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]

@@ -153,12 +153,12 @@ _TRANSIENT = (
 
 
 def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    """The (host, port) list and the client options of a ``redis+cluster://`` URL."""
-    scheme, _, rest = url.partition("://")
-    netloc, _, tail = rest.partition("/")
-    path, _, query = tail.partition("?")
-    if "?" in netloc:
-        netloc, _, query = netloc.partition("?")
+    """The (host, port) list and the client options of a ``redis+cluster://`` URL.
+
+    The nodes end at the first ``/``, ``?`` or ``#``; the path (only ``/`` or
+    ``/0``) at the ``?``, so a query value may hold ``/`` (a CA file's path)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme, netloc, path, query = parts.scheme, parts.netloc, parts.path, parts.query
     options: dict[str, Any] = {}
     at = netloc.rfind("@")
     if at >= 0:
@@ -323,13 +323,15 @@ class _ClusterAppender:
 
     async def call_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None = None
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[Any], list[tuple[Any, list[int]]]]:
         """Run one-key ``EVAL`` commands (the key is their 4th item), each
         partition's in the order given, and ``after`` (a WAIT or WAITAOF) behind each
-        node's; return their replies in that order, and ``after``'s."""
+        node's; return their replies in that order, and each of ``after``'s replies
+        with the indexes of the commands it confirms (those its node stored)."""
         replies: list[Any] = [None] * len(commands)
-        # A wait's reply counts only for a node that stored some of its batch.
-        after_replies: list[asyncio.Future[Any]] = []
+        # A wait's reply counts only for a node that stored some of its batch,
+        # and only for what that node stored.
+        after_replies: list[tuple[asyncio.Future[Any], list[int]]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
         for _ in range(MAX_REDIRECTS + 1):
@@ -338,11 +340,11 @@ class _ClusterAppender:
             async with self._lock:
                 await self._send_all(commands, todo, after, sent, waits)
             todo = []
-            stored: set[str] = set()
+            stored: dict[str, list[int]] = {}
             for i, name, future in sent:
                 try:
                     replies[i] = await future
-                    stored.add(name)
+                    stored.setdefault(name, []).append(i)
                 except rexc.AskError as exc:  # MovedError is one too
                     # Not run. Sent again, under the lock, before any later batch
                     # of its slot: the map changes only there.
@@ -355,12 +357,17 @@ class _ClusterAppender:
                     replies[i] = exc
             for name, wait in waits.items():
                 if name in stored:
-                    after_replies.append(wait)
+                    after_replies.append((wait, stored[name]))
                 else:  # every batch there was redirected (it may be a replica now)
                     wait.add_done_callback(lambda f: f.cancelled() or f.exception())
             if not todo:
-                waited = await asyncio.gather(*after_replies, return_exceptions=True)
-                return replies, list(waited)
+                waited = await asyncio.gather(
+                    *(wait for wait, _ in after_replies), return_exceptions=True
+                )
+                return replies, [
+                    (reply, indexes)
+                    for reply, (_, indexes) in zip(waited, after_replies, strict=True)
+                ]
         raise rexc.ClusterDownError(
             f"a batch was redirected {MAX_REDIRECTS} times: the cluster keeps moving its slot"
         )
@@ -542,7 +549,7 @@ class RedisClusterBackend(RedisBackend):
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
-    ) -> tuple[list[Any], list[Any]]:
+    ) -> tuple[list[Any], list[tuple[Any, list[int]]]]:
         appender: _ClusterAppender = self._appender
         return await appender.call_many(commands, after)
 
