@@ -12,8 +12,12 @@ An implementation provides four coroutines:
   now on are sure to be delivered, receive and acknowledge all ``n`` messages
   and return a :class:`ConsumeResult`.
 
+For benchmarks/latency.py an implementation also offers ``open_sender(size)``: a
+connection that sends a burst of stamped messages without waiting for the one
+before, which :class:`PacedPublish` calls at a steady rate.
+
 ``publish`` and ``consume`` always run in freshly spawned interpreters
-(:func:`run_publish`, :func:`run_end_to_end`), so no implementation shares an
+(:func:`run_publish`, :func:`run_end_to_end`, :func:`run_pair`), so no implementation shares an
 event loop, a garbage collector or imported modules with another.
 
 Every message body is ``size`` bytes: a 16-byte header -- the publish wall-clock
@@ -35,7 +39,8 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -71,13 +76,15 @@ class Env:
 
 @dataclasses.dataclass(slots=True)
 class ConsumeResult:
-    """What a consumer saw. Latencies are in ns, one per distinct message."""
+    """What a consumer saw. Latencies are in ns, one per distinct message, in the
+    order received; ``seqs`` holds the sequence number of each."""
 
     latencies_ns: array[int]
     first_publish_ns: int
     last_ack_ns: int
     deliveries: int
     distinct: int
+    seqs: array[int] = dataclasses.field(default_factory=lambda: array("q"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,6 +130,12 @@ WARMUP = 20
 open and a library's first-publish lookups are done. They are stored too."""
 
 
+SendBurst = Callable[[Sequence[tuple[int, bytes]]], Awaitable[object]]
+"""Send a burst of ``(sequence number, body)`` messages; the awaitable completes
+when the server has confirmed them all. Bursts may overlap: the caller does not
+wait for one before sending the next."""
+
+
 class BenchmarkError(RuntimeError):
     """A round failed: a child process crashed, timed out or lost messages."""
 
@@ -145,7 +158,16 @@ def stamp(seq: int, pad: bytes) -> bytes:
 class Receiver:
     """Consumer-side bookkeeping: latencies, distinct count, first publish time."""
 
-    __slots__ = ("_seen", "deliveries", "distinct", "done", "first_publish_ns", "latencies", "n")
+    __slots__ = (
+        "_seen",
+        "deliveries",
+        "distinct",
+        "done",
+        "first_publish_ns",
+        "latencies",
+        "n",
+        "seqs",
+    )
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -154,6 +176,7 @@ class Receiver:
         self.distinct = 0
         self.first_publish_ns = 0
         self.latencies: array[int] = array("q")
+        self.seqs: array[int] = array("q")
         self.done = asyncio.Event()
 
     @property
@@ -170,6 +193,7 @@ class Receiver:
         self._seen[seq] = 1
         self.distinct += 1
         self.latencies.append(now - published)
+        self.seqs.append(seq)
         if self.first_publish_ns == 0 or published < self.first_publish_ns:
             self.first_publish_ns = published
         if _progress is not None and (
@@ -186,6 +210,7 @@ class Receiver:
             last_ack_ns=last_ack_ns,
             deliveries=self.deliveries,
             distinct=self.distinct,
+            seqs=self.seqs,
         )
 
 
@@ -293,6 +318,19 @@ class Implementation(ABC):
     async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
         """Receive and ack n distinct messages; call ``ready`` once subscribed."""
 
+    # -- publishing at a steady rate (optional: benchmarks/latency.py) ----------------
+
+    def open_sender(self) -> AbstractAsyncContextManager[SendBurst]:
+        """A connection that sends bursts of messages as a user publishing at a
+        steady rate would (one ``publish`` call per message where the library
+        has one), for :class:`PacedPublish`."""
+        raise NotImplementedError
+
+    @classmethod
+    def sends(cls) -> bool:
+        """Whether this implementation offers :meth:`open_sender`."""
+        return cls.open_sender is not Implementation.open_sender
+
     # -- publishing as users publish (optional: benchmarks/paths.py) -----------------
 
     async def publish_each(self, n: int, size: int) -> tuple[float, array[int]]:
@@ -373,16 +411,115 @@ async def worker_pool(
     return time.perf_counter() - start
 
 
+# -- a steady publish rate ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PacedResult:
+    """What a paced publisher did. ``lateness_ms`` summarises how far behind its
+    schedule each burst went out: the part of the delay a message's own
+    timestamp does not show (it is stamped when it is sent)."""
+
+    sent: int
+    elapsed_s: float
+    bursts: int
+    max_in_flight: int
+    lateness_ms: dict[str, float]
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PacedPublish:
+    """A publisher job: ``round(rate * seconds)`` messages at a steady ``rate``.
+
+    Message ``i`` is due at ``start + i / rate``: the schedule is absolute, so a
+    late wake-up does not push later messages back (no drift). Each wake-up sends
+    every message due by then as one burst -- one message per wake-up at low
+    rates, a few at high rates, where the event loop's timer (``epoll``: whole
+    milliseconds) wakes less often than messages fall due -- and does not wait for
+    the burst's confirmation: bursts overlap, as independent callers' publishes
+    would. Picklable: it travels to the publisher process.
+    """
+
+    rate: float
+    seconds: float
+    size: int
+
+    @property
+    def n(self) -> int:
+        return round(self.rate * self.seconds)
+
+    async def __call__(self, impl: Implementation) -> PacedResult:
+        pad = padding(self.size)
+        n, rate = self.n, self.rate
+        clock = time.monotonic
+        in_flight: set[asyncio.Future[object]] = set()
+        errors: list[BaseException] = []
+        lateness: array[int] = array("q")
+        max_in_flight = bursts = sent = 0
+
+        def settled(future: asyncio.Future[object]) -> None:
+            in_flight.discard(future)
+            if not future.cancelled() and future.exception() is not None:
+                errors.append(future.exception())  # type: ignore[arg-type]
+
+        async with impl.open_sender() as send:
+            start = clock()
+            while sent < n and not errors:
+                now = clock()
+                due = min(n, int((now - start) * rate) + 1)
+                if due > sent:
+                    lateness.append(int((now - (start + sent / rate)) * 1e9))
+                    burst = [(seq, stamp(seq, pad)) for seq in range(sent, due)]
+                    future = asyncio.ensure_future(send(burst))
+                    in_flight.add(future)
+                    future.add_done_callback(settled)
+                    max_in_flight = max(max_in_flight, len(in_flight))
+                    bursts += 1
+                    sent = due
+                if sent < n:
+                    await asyncio.sleep(max(0.0, start + sent / rate - clock()))
+            elapsed = clock() - start
+            await asyncio.gather(*in_flight, return_exceptions=True)
+        if errors:
+            raise errors[0]
+        return PacedResult(
+            sent=sent,
+            elapsed_s=elapsed,
+            bursts=bursts,
+            max_in_flight=max_in_flight,
+            lateness_ms=latency_summary(lateness),
+        )
+
+
 # -- child processes ------------------------------------------------------------------
 
 
-def _publisher_main(impl: Implementation, n: int, size: int, results: Queue[Any]) -> None:
+PublisherJob = Callable[["Implementation"], Coroutine[Any, Any, Any]]
+"""What a publisher process runs (picklable): all n at once, or at a steady rate."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PublishAll:
+    """A publisher job: ``impl.publish(n, size)``, as fast as it goes."""
+
+    n: int
+    size: int
+
+    def __call__(self, impl: Implementation) -> Coroutine[Any, Any, float]:
+        return impl.publish(self.n, self.size)
+
+
+def _publisher_main(impl: Implementation, job: PublisherJob, results: Queue[Any]) -> None:
     try:
-        elapsed = asyncio.run(impl.publish(n, size))
+        value = asyncio.run(job(impl))
     except BaseException:
         results.put(("error", traceback.format_exc()))
     else:
-        results.put(("ok", elapsed))
+        results.put(("ok", value))
 
 
 def _consumer_main(
@@ -494,7 +631,9 @@ def _stop(proc: SpawnProcess) -> None:
 async def run_publish(impl: Implementation, n: int, size: int, timeout: float) -> PublishResult:
     results: Queue[Any] = _SPAWN.Queue()
     proc = _SPAWN.Process(
-        target=_publisher_main, args=(impl, n, size, results), name=f"{impl.name}-publisher"
+        target=_publisher_main,
+        args=(impl, PublishAll(n, size), results),
+        name=f"{impl.name}-publisher",
     )
     proc.start()
     try:
@@ -543,6 +682,23 @@ async def run_path(
 
 
 async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float) -> EndToEndResult:
+    publisher_elapsed, result = await run_pair(impl, n, timeout, PublishAll(n, size))
+    elapsed = (result.last_ack_ns - result.first_publish_ns) / 1e9
+    return EndToEndResult(
+        n=n,
+        elapsed_s=elapsed,
+        publisher_elapsed_s=publisher_elapsed,
+        latencies_ms=latency_summary(result.latencies_ns),
+        duplicates=result.deliveries - result.distinct,
+    )
+
+
+async def run_pair(
+    impl: Implementation, n: int, timeout: float, job: PublisherJob
+) -> tuple[Any, ConsumeResult]:
+    """A consumer process expecting ``n`` messages and, once it is subscribed, a
+    publisher process running ``job``; both freshly spawned. Returns what the
+    publisher's job returned and what the consumer saw (all n, checked)."""
     ready = _SPAWN.Event()
     progress = _SPAWN.RawValue("q", 0)  # one writer (the consumer), read by us
     consumer_results: Queue[Any] = _SPAWN.Queue()
@@ -554,7 +710,7 @@ async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float
     )
     publisher = _SPAWN.Process(
         target=_publisher_main,
-        args=(impl, n, size, publisher_results),
+        args=(impl, job, publisher_results),
         name=f"{impl.name}-publisher",
     )
     deadline = time.monotonic() + timeout + 30.0  # + startup of two interpreters
@@ -572,7 +728,7 @@ async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float
             reply = await _wait_for(
                 "publisher", publisher, _queue_poll(publisher_results), deadline
             )
-            publisher_elapsed: float = _unwrap("publisher", reply)
+            published: Any = _unwrap("publisher", reply)
             stall = _StallWatch(progress, n)
             reply = await _wait_for(
                 "consumer", consumer, _queue_poll(consumer_results), deadline, stall
@@ -586,14 +742,7 @@ async def run_end_to_end(impl: Implementation, n: int, size: int, timeout: float
     if result.distinct != n:
         msg = f"consumer saw {result.distinct} distinct messages, expected {n}"
         raise BenchmarkError(msg)
-    elapsed = (result.last_ack_ns - result.first_publish_ns) / 1e9
-    return EndToEndResult(
-        n=n,
-        elapsed_s=elapsed,
-        publisher_elapsed_s=publisher_elapsed,
-        latencies_ms=latency_summary(result.latencies_ns),
-        duplicates=result.deliveries - result.distinct,
-    )
+    return published, result
 
 
 def latency_summary(latencies_ns: array[int]) -> dict[str, float]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 
 from faststream.redis import RedisBroker, StreamSub
 
@@ -30,6 +31,7 @@ from .base import (
     ConsumeResult,
     Implementation,
     Receiver,
+    SendBurst,
     each_in_turn,
     padding,
     stamp,
@@ -88,6 +90,23 @@ class FastStream(Implementation):
                         await broker.publish(stamp(seq, pad), stream=STREAM, pipeline=pipe)
                     await pipe.execute()
             return time.perf_counter() - start
+
+    @asynccontextmanager
+    async def open_sender(self) -> AsyncIterator[SendBurst]:
+        """``broker.publish`` per message; a burst of several into one pipeline."""
+        async with make_broker(self.env.redis_url) as broker:
+            client = await broker.connect()
+
+            async def send(burst: Sequence[tuple[int, bytes]]) -> object:
+                if len(burst) == 1:
+                    return await broker.publish(burst[0][1], stream=STREAM)
+                async with client.pipeline(transaction=False) as pipe:
+                    for _seq, body in burst:
+                        await broker.publish(body, stream=STREAM, pipeline=pipe)
+                    return await pipe.execute()
+
+            await client.ping()  # type: ignore[misc]  # redis-py 7 types it as maybe-sync
+            yield send
 
     async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
         receiver = Receiver(n)

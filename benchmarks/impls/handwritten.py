@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import TypeAlias, cast
 
 from redis.asyncio import Redis
@@ -20,6 +21,7 @@ from .base import (
     ConsumeResult,
     Implementation,
     Receiver,
+    SendBurst,
     each_in_turn,
     padding,
     stamp,
@@ -83,6 +85,25 @@ class Handwritten(Implementation):
     async def publish_calls(self, n: int, size: int, per_call: int) -> float:
         """The pipelined loop with ``per_call`` XADDs a pipeline."""
         return await self._pipelined(n, size, per_call)
+
+    @asynccontextmanager
+    async def open_sender(self) -> AsyncIterator[SendBurst]:
+        """One ``XADD`` per message; a burst of several as one pipeline."""
+        client = Redis.from_url(self.env.redis_url)
+
+        async def send(burst: Sequence[tuple[int, bytes]]) -> object:
+            if len(burst) == 1:
+                return await client.xadd(STREAM, {FIELD: burst[0][1]})
+            pipe = client.pipeline(transaction=False)
+            for _seq, body in burst:
+                pipe.xadd(STREAM, {FIELD: body})
+            return await pipe.execute()
+
+        try:
+            await client.ping()  # type: ignore[misc]  # redis-py 7 types it as maybe-sync
+            yield send
+        finally:
+            await client.aclose()
 
     async def consume(self, n: int, ready: Callable[[], None]) -> ConsumeResult:
         client = Redis.from_url(self.env.redis_url)

@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 
 import nats
 from nats.aio.client import Client
@@ -27,6 +28,7 @@ from .base import (
     ConsumeResult,
     Implementation,
     Receiver,
+    SendBurst,
     each_in_turn,
     padding,
     stamp,
@@ -122,6 +124,22 @@ class Nats(Implementation):
                 ]
                 await asyncio.gather(*acks)
             return time.perf_counter() - start
+        finally:
+            await nc.close()
+
+    @asynccontextmanager
+    async def open_sender(self) -> AsyncIterator[SendBurst]:
+        """``js.publish_async`` per message, then wait for the burst's PubAcks."""
+        nc = await self._connect()
+        js = nc.jetstream()
+
+        async def send(burst: Sequence[tuple[int, bytes]]) -> object:
+            acks = [await js.publish_async(SUBJECT, body) for _seq, body in burst]
+            return await asyncio.gather(*acks)
+
+        try:
+            await nc.flush()
+            yield send
         finally:
             await nc.close()
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from .base import (
     ConsumeResult,
     Implementation,
     Receiver,
+    SendBurst,
     ThreadSafeReceiver,
     each_in_turn,
     padding,
@@ -134,6 +136,25 @@ class Streamsub(Implementation):
                 ]
                 await client.publish_many(TOPIC, chunk)
             return time.perf_counter() - start
+
+    @asynccontextmanager
+    async def open_sender(self) -> AsyncIterator[SendBurst]:
+        """``publish()`` per message (default BatchSettings), a burst's calls
+        concurrent, as independent callers' would be."""
+        async with self.lib().connect(self.env.redis_url) as client:
+
+            async def send(burst: Sequence[tuple[int, bytes]]) -> object:
+                if len(burst) == 1:
+                    seq, body = burst[0]
+                    return await client.publish(TOPIC, body, ordering_key=self.ordering_key(seq))
+                return await asyncio.gather(
+                    *(
+                        client.publish(TOPIC, body, ordering_key=self.ordering_key(seq))
+                        for seq, body in burst
+                    )
+                )
+
+            yield send
 
     def ordering_key(self, seq: int) -> str | None:
         """The ordering key of message ``seq``: none."""
