@@ -41,7 +41,7 @@ from rich.table import Table  # noqa: E402
 
 import paths  # noqa: E402
 import servers  # noqa: E402
-from impls import BASELINE, REGISTRY, load  # noqa: E402
+from impls import BASELINE, REGISTRY, load_available  # noqa: E402
 from impls.base import (  # noqa: E402
     MIN_SIZE,
     BenchmarkError,
@@ -152,27 +152,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.messages < 1 or args.rounds < 1:
         parser.error("--messages and --rounds must be positive")
     return args
-
-
-def load_implementations(
-    names: list[str],
-) -> tuple[dict[str, type[Implementation]], dict[str, str]]:
-    """Import each implementation; one that fails to import or is unavailable here
-    (:meth:`Implementation.unavailable`) is skipped with its reason."""
-    loaded: dict[str, type[Implementation]] = {}
-    skipped: dict[str, str] = {}
-    for name in names:
-        try:
-            cls = load(name)
-        except Exception as exc:  # an impl under construction may fail in any way
-            skipped[name] = f"import failed: {type(exc).__name__}: {exc}"
-            continue
-        reason = cls.unavailable()
-        if reason is None:
-            loaded[name] = cls
-        else:
-            skipped[name] = reason
-    return loaded, skipped
 
 
 def short_error(exc: BaseException) -> str:
@@ -371,26 +350,12 @@ def to_json(
 
 async def main_async(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    classes, skipped = load_implementations(args.only)
-
-    redis_path = servers.find_binary("redis-server")
-    if redis_path is None:
-        print("redis-server not found; nothing can run", file=sys.stderr)
+    classes, skipped = load_available(args.only)
+    found = servers.binaries(classes, skipped)
+    if found is None:
         return 2
-    nats_path = servers.find_binary("nats-server") if "nats" in classes else None
-    if "nats" in classes and nats_path is None:
-        del classes["nats"]
-        skipped["nats"] = "nats-server not found (looked on PATH and in /usr/sbin)"
-
-    for name, reason in skipped.items():
-        print(f"NOTE: skipping {name}: {reason}")
-    if not classes:
-        print("no implementation left to run", file=sys.stderr)
-        return 2
-
-    versions = {"redis-server": servers.server_version(redis_path)}
-    if nats_path is not None:
-        versions["nats-server"] = servers.server_version(nats_path)
+    redis_path, nats_path = found
+    versions = servers.versions(redis_path, nats_path)
 
     with contextlib.ExitStack() as stack:
         redis_url = stack.enter_context(servers.redis_server(redis_path))

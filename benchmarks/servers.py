@@ -10,6 +10,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -118,3 +119,30 @@ def nats_server(path: str) -> Iterator[str]:
     finally:
         _stop(proc)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def binaries(classes: dict[str, object], skipped: dict[str, str]) -> tuple[str, str | None] | None:
+    """The redis-server (and, if the ``nats`` peer runs, nats-server) binaries;
+    without nats-server that peer moves to ``skipped``. Prints the skipped ones;
+    None (after saying why) when nothing can run."""
+    redis_path = find_binary("redis-server")
+    if redis_path is None:
+        print("redis-server not found; nothing can run", file=sys.stderr)
+        return None
+    nats_path = find_binary("nats-server") if "nats" in classes else None
+    if "nats" in classes and nats_path is None:
+        del classes["nats"]
+        skipped["nats"] = "nats-server not found (looked on PATH and in /usr/sbin)"
+    for name, reason in skipped.items():
+        print(f"NOTE: skipping {name}: {reason}")
+    if not classes:
+        print("no implementation left to run", file=sys.stderr)
+        return None
+    return redis_path, nats_path
+
+
+def versions(redis_path: str, nats_path: str | None) -> dict[str, str]:
+    found = {"redis-server": server_version(redis_path)}
+    if nats_path is not None:
+        found["nats-server"] = server_version(nats_path)
+    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from .base import Implementation
 
@@ -26,3 +27,25 @@ def load(name: str) -> type[Implementation]:
     module_name, _, attr = REGISTRY[name].partition(":")
     cls: type[Implementation] = getattr(importlib.import_module(module_name), attr)
     return cls
+
+
+def load_available(
+    names: list[str], reason: Callable[[type[Implementation]], str | None] | None = None
+) -> tuple[dict[str, type[Implementation]], dict[str, str]]:
+    """Import each implementation; one that fails to import, is unavailable here
+    (:meth:`Implementation.unavailable`) or that ``reason`` refuses is skipped
+    with why."""
+    loaded: dict[str, type[Implementation]] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            cls = load(name)
+        except Exception as exc:  # an impl under construction may fail in any way
+            skipped[name] = f"import failed: {type(exc).__name__}: {exc}"
+            continue
+        why = cls.unavailable() or (reason(cls) if reason else None)
+        if why is None:
+            loaded[name] = cls
+        else:
+            skipped[name] = why
+    return loaded, skipped
