@@ -14,6 +14,7 @@ import redis
 
 import streamsub
 from streamsub import StreamsubError
+from streamsub._cluster_server import _free_port_pair
 from streamsub.testing import RedisServer, TlsFiles, make_tls_files, redis_server
 
 
@@ -26,6 +27,7 @@ def tls_cluster(
         with redis_server(
             tmp_path_factory.mktemp("redis-tls-cluster"),
             tls=files,
+            port=_free_port_pair(),  # its cluster bus port, + 10000, must exist and be free
             binary=redis_binary,
             extra_args=("--cluster-enabled", "yes", "--tls-cluster", "yes"),
         ) as running:
