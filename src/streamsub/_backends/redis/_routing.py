@@ -33,7 +33,9 @@ after :data:`UNDECLARED` in ARGV (every script's prologue,
 ``_undeclared_keys.lua``, makes KEYS whole again): a command on one key that is
 not there runs on the importing node behind ``ASKING``, from a script too (it
 inherits the flag), where a step naming keys some of which are missing does
-not. A key still on the source is waited for: the step is sent again after a
+not. A key still on the source is waited for (Redis 7+ and Valkey answer
+``TRYAGAIN`` on the source itself to a step some of whose keys are there; 6.2
+sends it on with ``ASK``, and the check above holds it): the step is sent again after a
 pause, and fails with :class:`SlotMigratingError` if the keys take longer than
 the pauses to move. A command is redirected at most
 :data:`MAX_REDIRECTS` times (:class:`SlotMigratingError` past that) and sent
