@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from streamsub._backends.redis import _keys
@@ -33,11 +33,14 @@ def owner_port(cluster: RedisClusterServers, slot: int) -> int:
 
 
 @contextlib.contextmanager
-def slot_held_migrating(cluster: RedisClusterServers, slot: int) -> Iterator[tuple[int, int]]:
+def slot_held_migrating(
+    cluster: RedisClusterServers, slot: int, only: Sequence[str] | None = None
+) -> Iterator[tuple[int, int]]:
     """Put ``slot`` in MIGRATING (source) / IMPORTING (target) state and move
-    all its keys to the target, as redis-cli --cluster reshard does between its
-    MIGRATE calls and its final SETSLOT NODE; hold it so while the block runs,
-    then finish the move (SETSLOT NODE everywhere)."""
+    all its keys to the target (or only the keys ``only`` names), as
+    redis-cli --cluster reshard does between its MIGRATE calls and its final
+    SETSLOT NODE; hold it so while the block runs, then finish the move (the
+    keys left, then SETSLOT NODE everywhere)."""
     source_port = owner_port(cluster, slot)
     masters = cluster.master_ports()
     target_port = next(p for p in masters if p != source_port)
@@ -48,11 +51,20 @@ def slot_held_migrating(cluster: RedisClusterServers, slot: int) -> Iterator[tup
         source_id = source.execute_command("CLUSTER", "MYID").decode()
         target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
         source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *keys)
+
+        def migrate(names: Sequence[Any]) -> None:
+            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *names)
+
+        if only is not None:
+            migrate(only)
+        else:
+            while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                migrate(keys)
         try:
             yield source_port, target_port
         finally:
+            while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                migrate(keys)
             for node in (target, source, *others):
                 node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     finally:

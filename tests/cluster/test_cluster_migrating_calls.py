@@ -89,8 +89,8 @@ async def test_acks_extensions_nacks_and_reclaims_into_a_migrating_slot_succeed(
     others = {p: held[p] for p in range(1, PARTITIONS)}
     nacked, acked = ids0[: len(ids0) // 3], ids0[len(ids0) // 3 :]
     # One message nacked for an hour: the partition's delay set and delivery
-    # times exist, so every key of its multi-key steps is there to move (a key
-    # that does not exist holds a step until the slot is handed over: below).
+    # times exist, so every key of its multi-key steps is there to move (keys
+    # that exist nowhere, and keys not moved yet: below).
     hour = NackItem(parked, 3_600_000, int(time.time() * 1000), 1, True)
     assert (await backend.nack(record, GROUP, "c1", {0: [hour]}, 0))[0] == [parked]
     slot = partition_slot(cluster, TOPIC, 0)
@@ -131,29 +131,103 @@ def _errorstat(cluster: RedisClusterServers, port: int, error: str) -> int:
         node.close()
 
 
-async def test_a_step_naming_a_missing_key_waits_for_the_slot_handover(
+def _asking(port: int, cluster: RedisClusterServers, *command: Any) -> Any:
+    """``command``'s reply from the node at ``port``, behind ASKING on one connection."""
+    node = cluster.node(port)
+    try:
+        pipe = node.pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.execute_command(*command)
+        return pipe.execute()[1]
+    finally:
+        node.close()
+
+
+def _tryagains(cluster: RedisClusterServers, *ports: int) -> int:
+    return sum(_errorstat(cluster, port, "TRYAGAIN") for port in ports)
+
+
+async def test_steps_naming_keys_that_exist_nowhere_run_while_the_slot_is_held_migrating(
     emptied: RedisClusterServers, client: streamsub.Client
 ) -> None:
-    """While partition 0's slot is held MIGRATING, an ack (a two-key step) whose
-    delivery-time record does not exist is answered TRYAGAIN by the importing
-    node (Redis cannot tell a key still to come from a missing one): the ack
-    waits, and succeeds as soon as the slot is handed over; held past the
-    retries, it fails with UnavailableError saying the slot is migrating."""
+    """With partition 0's slot held MIGRATING, all its keys on the importing node
+    and neither its delay set nor its delivery-time records existing anywhere,
+    nacks for an hour (which make the delay set) and acks (which name the
+    records) of partition 0, in calls with partition 1's, take effect on the
+    importing node before the slot is handed over, though the importing node
+    answers TRYAGAIN to steps declaring those keys."""
+    cluster = emptied
+    backend = _backend(client)
+    record, held = await _held(client, "c1")
+    parked, acked = held[0][:5], held[0][5:]
+    tags = _keys.partition_tag(TOPIC, 0, record.salts[0])
+    stream, delays = _keys.stream_key(tags), _keys.delay_key(tags, GROUP)
+    times = _keys.times_key(tags, GROUP)
+    inspect = cluster.client()
+    try:
+        assert inspect.exists(delays, times) == 0
+    finally:
+        inspect.close()
+    slot = partition_slot(cluster, TOPIC, 0)
+    with slot_held_migrating(cluster, slot) as (source, target):
+        tried = _tryagains(cluster, source, target)
+        now_ms = int(time.time() * 1000)
+        hour = [NackItem(i, 3_600_000, now_ms, 1, True) for i in parked]
+        given = await backend.nack(record, GROUP, "c1", {0: hour, 1: []}, 60_000)
+        assert sorted(given[0]) == sorted(parked)
+        assert int(_asking(target, cluster, "ZCARD", delays)) == len(parked)
+        assert await backend.ack(record, GROUP, {0: acked, 1: held[1]}) == len(acked) + len(held[1])
+        pending = _asking(target, cluster, "XPENDING", stream, GROUP)
+        assert int(pending["pending"]) == len(parked)  # the parked ones only
+        assert _tryagains(cluster, source, target) > tried  # the fallback was needed
+        assert owner_port(cluster, slot) == source  # all of it before the handover
+    assert _pending(cluster, record, 0) == len(parked)
+    assert _pending(cluster, record, 1) == 0
+
+
+async def test_a_step_naming_a_key_still_on_the_source_waits_for_it(
+    emptied: RedisClusterServers, client: streamsub.Client
+) -> None:
+    """While partition 0's slot is held MIGRATING with only its stream moved and
+    its delivery-time records still on the source, an ack that names those
+    records does not run (neither node can run it): held past the retries it
+    fails with UnavailableError saying the slot is migrating, and another waits,
+    then takes effect, records included, once the records have moved and the
+    slot is handed over."""
     cluster = emptied
     backend = _backend(client)
     record, held = await _held(client, "c1")
     ids0 = held[0]
+    redelivered = ids0[:3]
+    now_ms = int(time.time() * 1000)
+    again = [NackItem(i, 0, now_ms, 1, True) for i in redelivered]
+    assert sorted((await backend.nack(record, GROUP, "c1", {0: again}, 60_000))[0]) == sorted(
+        redelivered
+    )
+    tags = _keys.partition_tag(TOPIC, 0, record.salts[0])
+    stream, times = _keys.stream_key(tags), _keys.times_key(tags, GROUP)
     slot = partition_slot(cluster, TOPIC, 0)
-    with slot_held_migrating(cluster, slot) as (_, target):
+    with slot_held_migrating(cluster, slot, only=[stream]) as (source, target):
         with pytest.raises(streamsub.UnavailableError, match="migrating") as raised:
-            await backend.ack(record, GROUP, {0: ids0[:5]})
+            await backend.ack(record, GROUP, {0: ids0[:5]}, {0: redelivered})
         assert "TTL exhausted" not in str(raised.value)
-        tried = _errorstat(cluster, target, "TRYAGAIN")
-        waiting = asyncio.create_task(backend.ack(record, GROUP, {0: ids0}))
-        await until(lambda: _errorstat(cluster, target, "TRYAGAIN") > tried, 10, "a TRYAGAIN")
+        tried = _tryagains(cluster, source, target)
+        waiting = asyncio.create_task(backend.ack(record, GROUP, {0: ids0}, {0: redelivered}))
+        await until(lambda: _tryagains(cluster, source, target) > tried, 10, "a TRYAGAIN")
         assert not waiting.done()
+        node = cluster.node(source)
+        try:
+            assert sorted(node.hkeys(times)) == sorted(i.encode() for i in redelivered)
+        finally:
+            node.close()
+        assert int(_asking(target, cluster, "XPENDING", stream, GROUP)["pending"]) == len(ids0)
     assert await waiting == len(ids0)
     assert _pending(cluster, record, 0) == 0
+    inspect = cluster.client()
+    try:
+        assert inspect.exists(times) == 0
+    finally:
+        inspect.close()
 
 
 def _ranges(cluster: RedisClusterServers, port: int | None = None) -> list[tuple[int, int, int]]:

@@ -91,9 +91,12 @@ _RECLAIM_STATES: tuple[ReclaimState, ...] = ("deliver", "exhausted", "lost")
 
 def _script(name: str, *helpers: str) -> str:
     """A script's source, with the sources of ``helpers`` (``_ids.lua``: entry id
-    comparisons; ``_dead_letter_append.lua``) before it."""
+    comparisons; ``_dead_letter_append.lua``) before it, and before those the
+    prologue every script has (``_undeclared_keys.lua``: KEYS passed undeclared,
+    for :class:`~._routing.SlotRouter`'s steps into a slot being imported)."""
     scripts = resources.files(__package__).joinpath("scripts")
-    return "".join(scripts.joinpath(part).read_text() for part in (*helpers, name))
+    parts = ("_undeclared_keys.lua", *helpers, name)
+    return "".join(scripts.joinpath(part).read_text() for part in parts)
 
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
