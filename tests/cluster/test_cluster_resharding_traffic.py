@@ -18,6 +18,7 @@ import streamsub
 from streamsub._backends.redis import _keys
 from streamsub.testing import RedisClusterServers
 from tests._wait import until
+from tests.cluster._helpers import slot_held_migrating
 
 HOLD = 1.5
 """Seconds each slot stays migrating with its keys already moved (the ASK window)."""
@@ -52,33 +53,17 @@ def _move_held(
     """Move ``slot`` to another master as redis-cli --cluster reshard does, holding
     it HOLD seconds with all its keys on the target before SETSLOT NODE; record
     the window (start, end, pending at start, pending at end)."""
-    inspect = cluster.client()
-    try:
-        source_port = inspect.nodes_manager.get_node_from_slot(slot).port
-    finally:
-        inspect.close()
-    masters = cluster.master_ports()
-    target_port = next(p for p in masters if p != source_port)
-    source, target = cluster.node(source_port), cluster.node(target_port)
-    others = [cluster.node(p) for p in masters if p not in (source_port, target_port)]
-    try:
-        source_id = source.execute_command("CLUSTER", "MYID").decode()
-        target_id = target.execute_command("CLUSTER", "MYID").decode()
-        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-            source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "KEYS", *keys)
-        start = time.monotonic()
-        pending_start = _pending_asking(target, stream, group)
-        time.sleep(HOLD)
-        pending_end = _pending_asking(target, stream, group)
-        end = time.monotonic()
-        for node in (target, source, *others):
-            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-        windows[slot] = (start, end, pending_start, pending_end)
-    finally:
-        for node in (source, target, *others):
-            node.close()
+    with slot_held_migrating(cluster, slot) as (_, target_port):
+        target = cluster.node(target_port)
+        try:
+            start = time.monotonic()
+            pending_start = _pending_asking(target, stream, group)
+            time.sleep(HOLD)
+            pending_end = _pending_asking(target, stream, group)
+            end = time.monotonic()
+        finally:
+            target.close()
+    windows[slot] = (start, end, pending_start, pending_end)
 
 
 @pytest.mark.timeout(180)
