@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 
 import streamsub
 from streamsub._core.codec import encode
-from tests._layout import stream_key
+from streamsub.testing import RedisServer
+from tests._layout import TEST_BACKEND, stream_key
 from tests._wait import until
 
 
@@ -46,8 +49,21 @@ async def test_dead_lettering_an_entry_twice_writes_it_once(
     assert redis_client.xpending(stream_key(redis_client, "dl-src", 0), "dl-sub")["pending"] == 0
 
 
+class _Probing(TEST_BACKEND):
+    """Records, as each dead letter is written, what ``probe`` answers."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.probe: Callable[[], int] = lambda: -1
+        self.seen: list[int] = []
+
+    async def dead_letter(self, *args: Any, **kwargs: Any) -> str | None:
+        self.seen.append(self.probe())
+        return await super().dead_letter(*args, **kwargs)
+
+
 async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
-    client: streamsub.Client, redis_client: redis.Redis
+    client: streamsub.Client, redis_client: redis.Redis, server: RedisServer
 ) -> None:
     """60 entries a crashed consumer held past their last attempt are dead-lettered
     within flow control: never more than max_messages outstanding, and counted
@@ -75,7 +91,12 @@ async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
         raise AssertionError("an exhausted message reached the handler")
 
     flow = streamsub.FlowControl(max_messages=5)
-    async with client.subscribe("spent-sub", never, flow_control=flow) as sub:
+    probing = _Probing(server.url)
+    async with (
+        streamsub.connect(backend=probing) as watched,
+        watched.subscribe("spent-sub", never, flow_control=flow) as sub,
+    ):
+        probing.probe = lambda: sub.statistics().flow.outstanding_messages
 
         def done() -> bool:
             seen_outstanding.append(sub.statistics().flow.outstanding_messages)
@@ -89,7 +110,10 @@ async def test_exhausted_entries_take_flow_control_budget_until_dead_lettered(
         assert sub.statistics().dead_lettered == 60
     assert redis_client.xlen(dead_letters) == 60
     assert max(seen_outstanding) <= 5
-    assert max(seen_outstanding) >= 1, "exhausted entries were not counted in flow control"
+    # Each entry is counted in flow control while its dead letter is written.
+    assert len(probing.seen) == 60
+    assert min(probing.seen) >= 1, "exhausted entries were not counted in flow control"
+    assert max(probing.seen) <= 5
     assert redis_client.xpending(stream_key(redis_client, "spent", 0), "spent-sub")["pending"] == 0
 
 
