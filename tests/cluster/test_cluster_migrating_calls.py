@@ -97,6 +97,7 @@ async def test_acks_extensions_nacks_and_reclaims_into_a_migrating_slot_succeed(
     with slot_held_migrating(cluster, slot) as (source, target):
         await warm_pool(backend, source)
         await warm_pool(backend, target)
+        asks_before = _errorstat(cluster, target, "ASK")  # the session's earlier tests'
 
         extended = await backend.extend(record, GROUP, "c1", {0: ids0})
         assert sorted(extended[0]) == sorted(ids0)
@@ -113,7 +114,7 @@ async def test_acks_extensions_nacks_and_reclaims_into_a_migrating_slot_succeed(
         both = {0: [*nacked, parked], **others}
         expected = len(nacked) + 1 + sum(map(len, others.values()))
         assert await backend.ack(record, GROUP, both) == expected
-        assert _errorstat(cluster, target, "ASK") == 0  # no ASKING went astray
+        assert _errorstat(cluster, target, "ASK") == asks_before  # no ASKING went astray
     assert owner_port(cluster, slot) == target
     assert [_pending(cluster, record, p) for p in range(PARTITIONS)] == [0] * PARTITIONS
 
