@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from streamsub._backends.redis import _keys
 from streamsub._backends.redis._slots import key_slot
@@ -91,3 +92,80 @@ async def warm_pool(backend: Any, port: int, n: int = 4) -> None:
     await asyncio.gather(
         *(redis.execute_command("WAIT", 5, 50, target_nodes=node) for _ in range(n))
     )
+
+
+class Strike(NamedTuple):
+    """What a failover did, and when (``time.monotonic()``)."""
+
+    old: int
+    """The struck master's port."""
+    new: int
+    """The port of the replica that took over its slots."""
+    started: float
+    """When the master was struck (SIGKILL sent, CLUSTER FAILOVER asked)."""
+    promoted: float
+    """When the replica said it is a master."""
+    whole: float
+    """When every running node agreed on the new layout (after a SIGKILL, unless
+    told not to restart it: with the killed master started again and in sync as
+    the new master's replica)."""
+
+
+def _replica_of(cluster: RedisClusterServers, slot: int) -> tuple[int, int]:
+    """(master port, its replica's port) of ``slot``."""
+    inspect = cluster.client()
+    try:
+        old = inspect.nodes_manager.get_node_from_slot(slot).port
+    finally:
+        inspect.close()
+    for port in cluster.ports:
+        node = cluster.node(port)
+        try:
+            info = node.info("replication")
+        finally:
+            node.close()
+        if info.get("role") == "slave" and int(info["master_port"]) == old:
+            return old, port
+    raise AssertionError(f"the master of slot {slot} (port {old}) has no replica")
+
+
+def _wait_promoted(cluster: RedisClusterServers, port: int, started: float) -> float:
+    node = cluster.node(port)
+    try:
+        while node.info("replication").get("role") != "master":
+            assert time.monotonic() - started < 30, f"the replica on port {port} never took over"
+            time.sleep(0.02)
+    finally:
+        node.close()
+    return time.monotonic()
+
+
+def failover(cluster: RedisClusterServers, slot: int) -> Strike:
+    """CLUSTER FAILOVER on the replica of ``slot``'s master; wait until the
+    cluster agrees."""
+    old, new = _replica_of(cluster, slot)
+    node = cluster.node(new)
+    try:
+        started = time.monotonic()
+        node.execute_command("CLUSTER", "FAILOVER")
+    finally:
+        node.close()
+    promoted = _wait_promoted(cluster, new, started)
+    cluster.wait_ready()
+    return Strike(old, new, started, promoted, time.monotonic())
+
+
+def kill_master(cluster: RedisClusterServers, slot: int, *, restart: bool = True) -> Strike:
+    """SIGKILL ``slot``'s master; once its replica took over, start the killed
+    one again (it comes back as a replica, so Durability(replicas=1) can be met
+    again; with ``restart=False`` it stays down) and wait until every running
+    node agrees."""
+    old, new = _replica_of(cluster, slot)
+    server = next(s for s in cluster.servers if s.port == old)
+    started = time.monotonic()
+    server.kill()
+    promoted = _wait_promoted(cluster, new, started)
+    if restart:
+        server.start()
+    cluster.wait_ready()
+    return Strike(old, new, started, promoted, time.monotonic())

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from streamsub._backends.redis import _keys
 from streamsub.cli import NODE_ID_SHOWN, app
 from streamsub.testing import RedisClusterServers
-from tests.cluster.test_cluster_failover import failover
+from tests.cluster._helpers import failover
 
 
 def _cli(url: str, *args: str) -> str:
@@ -87,7 +87,8 @@ def test_topic_describe_names_the_master_of_each_partition_and_follows_a_failove
         slot = inspect.keyslot(_keys.stream_key(_keys.partition_tag("placed", 0, salt)))
     finally:
         inspect.close()
-    old, new = failover(emptied, slot)
+    struck = failover(emptied, slot)
+    old, new = struck.old, struck.new
     moved = json.loads(_cli(url, "topic", "describe", "placed", "--json"))["placement"]
     assert moved[0]["address"] == f"127.0.0.1:{new}" != f"127.0.0.1:{old}"
     assert [(p["address"], p["node_id"]) for p in moved] == _holders(emptied, "placed")

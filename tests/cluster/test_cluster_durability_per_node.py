@@ -8,7 +8,6 @@ their ids, also when they share a batch with the refused ones."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -16,25 +15,9 @@ import streamsub
 from streamsub._backends.redis import _keys
 from streamsub._core.partition import partition_for_key
 from streamsub.testing import RedisClusterServers
+from tests.cluster._helpers import kill_master
 
 PARTITIONS = 8
-
-
-def _kill_until_replaced(cluster: RedisClusterServers, slot: int) -> int:
-    """SIGKILL ``slot``'s master and wait until its replica is a master; return
-    the killed master's port (it stays down)."""
-    inspect = cluster.client()
-    try:
-        old = inspect.nodes_manager.get_node_from_slot(slot).port
-    finally:
-        inspect.close()
-    server = next(s for s in cluster.servers if s.port == old)
-    server.kill()
-    deadline = time.monotonic() + 30
-    while len([p for p in cluster.master_ports() if p != old]) < cluster.masters:
-        assert time.monotonic() < deadline, "no replica took over"
-        time.sleep(0.05)
-    return old
 
 
 @pytest.mark.timeout(120)
@@ -56,11 +39,11 @@ async def test_publishes_to_masters_with_a_replica_succeed_while_one_master_has_
         slot = inspect.keyslot(_keys.stream_key(_keys.partition_tag("lonely", 0, record.salts[0])))
         inspect.close()
         before = await client._backend.partition_nodes(record)  # type: ignore[attr-defined]
-        old = await asyncio.to_thread(_kill_until_replaced, cluster, slot)
-        # Every node that runs agrees on the new master (on a busy machine the
-        # others learn of it later, and answer publishes CLUSTERDOWN or MOVED
-        # meanwhile, which is the failover, not what this test is about).
-        await asyncio.to_thread(cluster.wait_ready)
+        # Once every node that runs agrees on the new master (on a busy machine
+        # the others learn of it later, and answer publishes CLUSTERDOWN or
+        # MOVED meanwhile, which is the failover, not what this test is about).
+        struck = await asyncio.to_thread(kill_master, cluster, slot, restart=False)
+        old = struck.old
         try:
             lonely = {p for p, node in enumerate(before) if node == f"127.0.0.1:{old}"}
             assert 0 in lonely

@@ -11,8 +11,10 @@ import pytest
 
 import streamsub
 from streamsub._backends.redis import _keys
+from streamsub._engine._retrying import ERROR_BACKOFF
 from streamsub.testing import RedisClusterServers
 from tests._wait import until
+from tests.cluster._helpers import Strike, failover, kill_master, partition_slot
 
 
 async def test_durability_waits_for_replicas_and_fails_when_too_few_confirm(
@@ -50,59 +52,10 @@ def test_durability_timeout_must_stay_below_the_socket_timeout() -> None:
         streamsub.Durability(replicas=1, timeout=0)
 
 
-def failover(cluster: RedisClusterServers, slot: int) -> tuple[int, int]:
-    """CLUSTER FAILOVER on the replica of ``slot``'s master; wait until the
-    cluster agrees; return (old master, new master) ports."""
-    inspect = cluster.client()
-    try:
-        old = inspect.nodes_manager.get_node_from_slot(slot).port
-    finally:
-        inspect.close()
-    for port in cluster.ports:
-        node = cluster.node(port)
-        try:
-            info = node.info("replication")
-            if info.get("role") == "slave" and int(info["master_port"]) == old:
-                node.execute_command("CLUSTER", "FAILOVER")
-                new = port
-                break
-        finally:
-            node.close()
-    deadline = time.monotonic() + 15
-    while new not in cluster.master_ports() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    cluster.wait_ready()
-    return old, new
-
-
-def kill_master(cluster: RedisClusterServers, slot: int) -> tuple[int, int]:
-    """SIGKILL ``slot``'s master; wait until its replica took over; start the
-    killed one again (it comes back as a replica) and wait until the cluster is
-    whole; return (old master, new master) ports."""
-    inspect = cluster.client()
-    try:
-        old = inspect.nodes_manager.get_node_from_slot(slot).port
-    finally:
-        inspect.close()
-    before = set(cluster.master_ports())
-    server = next(s for s in cluster.servers if s.port == old)
-    server.kill()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        masters = [p for p in cluster.master_ports() if p != old]
-        if len(masters) == cluster.masters:
-            break
-        time.sleep(0.05)
-    new = next(p for p in cluster.master_ports() if p != old and p not in before)
-    server.start()
-    cluster.wait_ready()
-    return old, new
-
-
 async def run_through(
     cluster: RedisClusterServers,
     topic: str,
-    fail: Callable[[RedisClusterServers, int], tuple[int, int]],
+    fail: Callable[[RedisClusterServers, int], Strike],
 ) -> None:
     """20,000 keyed messages published in overlapping batches with
     Durability(replicas=1) while two subscribers consume; ``fail`` strikes the
@@ -154,10 +107,10 @@ async def run_through(
         ):
             publisher = asyncio.create_task(publish())
             await until(lambda: len(ids) >= total // 4, 60, "a quarter published")
-            old, new = await asyncio.to_thread(fail, cluster, slot)
+            strike = await asyncio.to_thread(fail, cluster, slot)
             await publisher
             await until(lambda: set(seen) >= set(ids), 90, "every published message delivered")
-    assert old != new
+    assert strike.old != strike.new
     assert len(ids) + failed == total
     assert len(ids) >= total // 2
     inspect = cluster.client()
@@ -184,3 +137,91 @@ async def test_a_killed_master_under_traffic_loses_no_published_message(
     Durability(replicas=1): its replica takes over, and nothing whose publish
     returned an id is lost (see run_through)."""
     await run_through(emptied, "killed", kill_master)
+
+
+RETRY_BOUND = ERROR_BACKOFF[1] + 1.0
+"""Seconds past the cluster being whole again within which publishing to and
+delivery from the failed-over partition resume: the readers' longest pause
+between retries plus one second for the retry itself."""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fail", [kill_master, failover], ids=["sigkill", "cluster-failover"])
+async def test_a_failed_over_partition_resumes_within_a_bounded_retry_of_the_failover(
+    emptied: RedisClusterServers, fail: Callable[[RedisClusterServers, int], Strike]
+) -> None:
+    """Durability(replicas=1), 100 keyed publishes at a time without pause to an
+    8-partition topic that two subscribers consume; partition 0's master is
+    struck (SIGKILL, started again once replaced; or CLUSTER FAILOVER on its
+    replica). Within RETRY_BOUND seconds of the cluster being whole again, a
+    publish to partition 0 returns an id, and a message of partition 0
+    published after the strike is delivered; every message whose publish
+    returned an id is delivered."""
+    cluster = emptied
+    async with streamsub.connect(
+        cluster.url, durability=streamsub.Durability(replicas=1)
+    ) as client:
+        await client.create_topic("stall", partitions=8)
+        await client.create_subscription("stall-sub", topic="stall", ack_deadline=5.0)
+        slot = partition_slot(cluster, "stall", 0)
+        published: list[tuple[float, float, str]] = []  # (sent, returned, id)
+        delivered: dict[str, float] = {}
+        failed: list[tuple[float, str]] = []
+        stop = asyncio.Event()
+
+        async def handler(message: streamsub.Message) -> None:
+            delivered.setdefault(message.message_id, time.monotonic())
+
+        async def one(n: int) -> None:
+            key = f"k{n % 100}"
+            sent = time.monotonic()
+            try:
+                message_id = await client.publish("stall", b"%d" % n, ordering_key=key)
+            except (streamsub.UnavailableError, streamsub.OrderingKeyPausedError) as exc:
+                failed.append((sent, f"{type(exc).__name__}: {str(exc)[:150]}"))
+                client.resume_publish("stall", key)
+                return
+            published.append((sent, time.monotonic(), message_id))
+
+        async def publish() -> None:
+            n = 0
+            while not stop.is_set():
+                await asyncio.gather(*(one(i) for i in range(n, n + 100)))
+                n += 100
+                await asyncio.sleep(0.01)
+
+        def after_strike(started: float) -> list[str]:
+            """Ids of partition 0 whose publish began after ``started``."""
+            return [i for sent, _, i in published if i.startswith("0-") and sent > started]
+
+        async with (
+            client.subscribe("stall-sub", handler, consumer="a"),
+            client.subscribe("stall-sub", handler, consumer="b"),
+        ):
+            publisher = asyncio.create_task(publish())
+            await until(lambda: len(delivered) >= 2000, 60, "traffic flowing")
+            struck = await asyncio.to_thread(fail, cluster, slot)
+            timing = (
+                f"promoted {struck.promoted - struck.started:.1f} s and whole "
+                f"{struck.whole - struck.started:.1f} s after the strike"
+            )
+            try:
+                await until(
+                    lambda: any(i in delivered for i in after_strike(struck.started)),
+                    60,
+                    "a message of partition 0 published after the strike delivered",
+                )
+            except AssertionError as exc:
+                late = sorted({e for t, e in failed if t > struck.whole + RETRY_BOUND})
+                raise AssertionError(f"{exc}; {timing}; failures since: {late[:3]}") from None
+            await asyncio.sleep(1.0)
+            stop.set()
+            await publisher
+            ids = {i for _, _, i in published}
+            await until(lambda: set(delivered) >= ids, 60, "every published message delivered")
+
+    zero = after_strike(struck.started)
+    first_publish = min(returned for _, returned, i in published if i in zero)
+    first_delivery = min(delivered[i] for i in zero)
+    assert first_publish - struck.whole <= RETRY_BOUND, (timing, first_publish - struck.whole)
+    assert first_delivery - struck.whole <= RETRY_BOUND, (timing, first_delivery - struck.whole)

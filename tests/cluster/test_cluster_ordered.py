@@ -1,0 +1,110 @@
+"""Ordered subscriptions through a cluster's failover and resharding (issue 9,
+"Done when": the ordering tests on a cluster). The standalone ordering fault
+tests that kill or restart the server (tests/ordered_faults) are deselected on
+a cluster, and the other failover and resharding tests here run plain
+subscriptions: here an ordered one goes through a failover and a moving slot,
+with two subscribers on two clients."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+import streamsub
+from streamsub.testing import RedisClusterServers
+from tests._wait import until
+from tests.cluster._helpers import kill_master, partition_slot, slot_held_migrating
+from tests.ordered_faults._keys import Journal, keyed
+from tests.ordered_faults._order import regressions
+
+KEYS = 40
+
+
+def _move_held(cluster: RedisClusterServers, slot: int, hold: float) -> None:
+    """Move ``slot`` to another master as redis-cli --cluster reshard does,
+    holding it ``hold`` s with its keys already moved before SETSLOT NODE."""
+    with slot_held_migrating(cluster, slot):
+        time.sleep(hold)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strike", ["sigkill", "reshard"])
+async def test_an_ordered_subscription_keeps_key_order_through_a_failover_or_a_moving_slot(
+    emptied: RedisClusterServers, strike: str
+) -> None:
+    """Two subscribers (two clients) of an ordered subscription of 8 partitions,
+    40 keys published round by round with Durability(replicas=1); partition 0's
+    master is SIGKILLed (started again once replaced), or partition 0's slot
+    migrates to another master held 1.5 s with its keys moved. Every message of
+    every round whose publish returned is handled, each key's first handlings
+    in publish order, and afterwards every partition has exactly one owner."""
+    cluster = emptied
+    durability = streamsub.Durability(replicas=1)
+    clients = [streamsub.connect(cluster.url, durability=durability) for _ in range(3)]
+    admin = clients[2]
+    try:
+        await admin.create_topic("orders", partitions=8)
+        await admin.create_subscription(
+            "billing", topic="orders", enable_message_ordering=True, ack_deadline=5.0
+        )
+        slot = partition_slot(cluster, "orders", 0)
+        journal = Journal()
+        keys = [f"key-{k}" for k in range(KEYS)]
+        stored: set[tuple[str, int]] = set()
+        stop = asyncio.Event()
+
+        def handler(who: str) -> Callable[[streamsub.Message], Awaitable[None]]:
+            async def handle(message: streamsub.Message) -> None:
+                journal.enter(message, who)
+                await asyncio.sleep(0.001)
+                journal.leave(message)
+
+            return handle
+
+        async def publish() -> None:
+            n = 0
+            while not stop.is_set():
+                try:
+                    await admin.publish_many("orders", keyed(keys, n, n + 1))
+                except (streamsub.BackendError, streamsub.OrderingKeyPausedError):
+                    stop.set()  # a round maybe partly stored: publish no more
+                    return
+                stored.update((key, n) for key in keys)
+                n += 1
+                await asyncio.sleep(0.02)
+
+        async with (
+            clients[0].subscribe("billing", handler("a"), consumer="a") as a,
+            clients[1].subscribe("billing", handler("b"), consumer="b") as b,
+        ):
+            publishing = asyncio.create_task(publish())
+            await until(lambda: journal.distinct() >= KEYS * 20, 30, "20 rounds handled")
+            if strike == "sigkill":
+                await asyncio.to_thread(kill_master, cluster, slot)
+            else:
+                await asyncio.to_thread(_move_held, cluster, slot, 1.5)
+            await asyncio.sleep(1.0)
+            stop.set()
+            await publishing
+            await until(
+                lambda: {(k, n) for k, n, _, _ in journal.records} >= stored,
+                60,
+                "every stored message",
+            )
+            await asyncio.sleep(4.0)
+            owned = [set(a.statistics().owned), set(b.statistics().owned)]
+    finally:
+        for one in clients:
+            await one.aclose()
+    rounds = 1 + max(n for _, n in stored)
+    assert rounds > 20
+    wrong = {
+        k: v[:12] for k, v in journal.first_handlings().items() if v[:rounds] != list(range(rounds))
+    }
+    assert not wrong, f"keys out of publish order: {dict(list(wrong.items())[:4])}"
+    assert regressions(journal) == {}
+    assert owned[0] | owned[1] == set(range(8)), owned
+    assert not owned[0] & owned[1], owned
