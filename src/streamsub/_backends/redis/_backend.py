@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
 import socket
 import ssl
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
@@ -145,6 +146,26 @@ def _retention_json(retention: Retention | None) -> str:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+_Step = TypeVar("_Step", bound=Callable[..., Awaitable[Any]])
+
+
+def _group_checked(step: _Step) -> _Step:
+    """For a backend method called ``(self, topic, group, ...)``: a NOGROUP answer
+    while the subscription and its topic both exist becomes UnavailableError,
+    which the engine retries, rather than SubscriptionNotFoundError, which ends
+    the subscriber (see ``RedisBackend._group_missing``)."""
+
+    @functools.wraps(step)
+    async def checked(self: Any, topic: TopicRecord, group: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await step(self, topic, group, *args, **kwargs)
+        except SubscriptionNotFoundError as exc:
+            await self._group_missing(topic, group, exc)
+            raise
+
+    return checked  # type: ignore[return-value]
 
 
 def _is_missing(exc: Exception) -> bool:
@@ -884,6 +905,30 @@ class RedisBackend:
             results[i] = reply
         return results
 
+    async def _group_missing(
+        self, topic: TopicRecord, group: str, exc: SubscriptionNotFoundError
+    ) -> None:
+        """A step was answered NOGROUP: return (the caller re-raises ``exc``: the
+        subscription is gone for good) if the subscription or its topic was
+        deleted or the topic made anew; otherwise raise UnavailableError, which
+        the engine retries after its backoff. With both records in place a
+        missing group is a node that has not caught up: on a cluster, a node
+        answering from an older view of a failover or a moved slot; anywhere, a
+        failover that lost the group's creation (then it persists, and the log
+        says what to do)."""
+        subscription = await self.get_subscription(group)  # UnavailableError: retried
+        current = await self.get_topic(topic.name)
+        if subscription is None or subscription.topic != topic.name or current != topic:
+            return
+        raise UnavailableError(
+            f"a partition of topic {topic.name!r} has no consumer group {group!r} on the node "
+            f"that answered, though the subscription exists ({exc.__cause__}): a node behind "
+            "a failover or a slot move answers so for moments; if it persists, the group was "
+            "lost (a failover lost its last writes, or a key was deleted by hand): delete "
+            "and create the subscription again"
+        ) from exc
+
+    @_group_checked
     async def read(
         self,
         topic: TopicRecord,
@@ -913,6 +958,7 @@ class RedisBackend:
                 entries.append(Entry(partition, entry_id.decode(), fields, 1))
         return entries
 
+    @_group_checked
     async def fence(self, topic: TopicRecord, group: str, tokens: Mapping[int, int]) -> set[int]:
         tags, keys = self._tags(topic), self._keys(topic)
         calls = [
@@ -942,6 +988,7 @@ class RedisBackend:
         newest = {partitions[int(last[i]) - 1]: last[i + 1] for i in range(0, len(last), 2)}
         return entries, {partitions[int(i) - 1] for i in fenced}, newest
 
+    @_group_checked
     async def read_owned(
         self,
         topic: TopicRecord,
@@ -969,6 +1016,7 @@ class RedisBackend:
         entries, more_fenced, _ = self._owned_entries(partitions, reply)
         return OwnedRead(entries, frozenset(fenced | more_fenced))
 
+    @_group_checked
     async def ack(
         self,
         topic: TopicRecord,
@@ -999,6 +1047,7 @@ class RedisBackend:
             _keys.times_key(self._tags(topic)[partition], group),
         ]
 
+    @_group_checked
     async def extend(
         self, topic: TopicRecord, group: str, consumer: str, ids: Mapping[int, Sequence[str]]
     ) -> dict[int, list[str]]:
@@ -1008,6 +1057,7 @@ class RedisBackend:
             replies = await self._evalsha_many(self._extend, calls)
         return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
 
+    @_group_checked
     async def nack(
         self,
         topic: TopicRecord,
@@ -1032,6 +1082,7 @@ class RedisBackend:
             replies = await self._evalsha_many(self._nack, calls)
         return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
 
+    @_group_checked
     async def reclaim(
         self,
         topic: TopicRecord,
@@ -1084,6 +1135,7 @@ class RedisBackend:
                 )
         return found, next_cursors
 
+    @_group_checked
     async def ack_owned(
         self,
         topic: TopicRecord,
@@ -1103,6 +1155,7 @@ class RedisBackend:
             replies = await self._evalsha_many(self._ack_owned, calls)
         return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
 
+    @_group_checked
     async def dead_letter(
         self,
         topic: TopicRecord,
@@ -1133,6 +1186,7 @@ class RedisBackend:
             return None
         return f"{target_partition}-{new_id.decode()}"
 
+    @_group_checked
     async def delete_idle_consumers(
         self, topic: TopicRecord, group: str, consumer: str, min_idle_ms: int
     ) -> list[str]:
@@ -1142,6 +1196,7 @@ class RedisBackend:
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})
 
+    @_group_checked
     async def own_partitions(
         self,
         topic: TopicRecord,
@@ -1202,6 +1257,7 @@ class RedisBackend:
                 owners[int(name)] = (member, int(token))
         return owners
 
+    @_group_checked
     async def pending_owners(
         self, topic: TopicRecord, group: str, ids: Mapping[int, Sequence[str]]
     ) -> dict[tuple[int, str], str | None]:
@@ -1582,6 +1638,7 @@ class RedisBackend:
             replies = await self._evalsha_many(script, calls)
         return {c[0]: [i.decode() for i in reply] for c, reply in zip(calls, replies, strict=True)}
 
+    @_group_checked
     async def ack_deliveries(
         self,
         topic: TopicRecord,
@@ -1590,6 +1647,7 @@ class RedisBackend:
     ) -> dict[int, list[str]]:
         return await self._delivery_calls("delivery_ack.lua", topic, group, items)
 
+    @_group_checked
     async def lease_deliveries(
         self,
         topic: TopicRecord,

@@ -107,6 +107,7 @@ from ._backend import (
     SOCKET_CONNECT_TIMEOUT,
     SOCKET_TIMEOUT,
     RedisBackend,
+    _group_checked,
     _raw,
     _Script,
     _script,
@@ -517,6 +518,10 @@ class RedisClusterBackend(RedisBackend):
         durability: Durability | None = None,
     ) -> None:
         self._idle: dict[tuple[str, str, str], float] = {}
+        # A read whose poll failed on some partitions and read entries from
+        # others returns the entries; the error is raised by the reader's next
+        # read (so it is logged and retried, not hidden by a busy partition).
+        self._deferred: dict[tuple[str, str, str], Exception] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
         self._replicas: dict[str, InOrderConnection] = {}
         """Per replica (``host:port``) asked for records while its master was
@@ -812,6 +817,7 @@ class RedisClusterBackend(RedisBackend):
         policy = evicting[0] if evicting else policies.pop() if len(policies) == 1 else None
         return ServerInfo(min(versions), None if policy is None else str(policy))  # type: ignore[arg-type]
 
+    @_group_checked
     async def read(
         self,
         topic: TopicRecord,
@@ -833,21 +839,30 @@ class RedisClusterBackend(RedisBackend):
                     for p in partitions
                 ]
             )  # fmt: skip
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return OwnedRead(
-                [
-                    Entry(p, entry_id.decode(), fields, 1)
-                    for p, reply in zip(partitions, replies, strict=True)
-                    if reply
-                    for _, items in reply
-                    for entry_id, fields in items
-                ]
-            )
+            # Each partition's XREADGROUP ran on its own: one that failed must
+            # not lose what the others delivered (they would wait out their
+            # ack deadline and come back as a second attempt).
+            failed = next((r for r in replies if isinstance(r, Exception)), None)
+            entries = [
+                Entry(p, entry_id.decode(), fields, 1)
+                for p, reply in zip(partitions, replies, strict=True)
+                if reply and not isinstance(reply, Exception)
+                for _, items in reply
+                for entry_id, fields in items
+            ]
+            if failed is not None:
+                if not entries:
+                    raise failed
+                self._deferred[idle_key] = failed
+            return OwnedRead(entries)
 
-        return (await self._polled((topic.name, group, consumer), block_ms, poll)).entries
+        idle_key = (topic.name, group, consumer)
+        if (failed := self._deferred.pop(idle_key, None)) is not None:
+            with self._errors():
+                raise failed
+        return (await self._polled(idle_key, block_ms, poll)).entries
 
+    @_group_checked
     async def read_owned(
         self,
         topic: TopicRecord,
@@ -899,6 +914,7 @@ class RedisClusterBackend(RedisBackend):
             self._idle[idle_key] = min(wait * 2, IDLE_POLL_MAX)
             await asyncio.sleep(min(wait, left))
 
+    @_group_checked
     async def dead_letter(
         self,
         topic: TopicRecord,
