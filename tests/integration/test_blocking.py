@@ -233,7 +233,9 @@ def test_a_process_that_forgets_close_still_writes_what_it_published_and_exits(
     )
     assert result.returncode == 0, result.stderr
     data = sorted(int(d) for _, d, _ in stored(redis_client, "forgetful", 4))
-    assert data == list(range(2000))
+    # Once seen on a cluster with redis-py 5.0.1: 1,000 of 2,000 stored; the
+    # script's log then tells why the close at exit failed.
+    assert data == list(range(2000)), f"{len(data)} stored; stderr: {result.stderr[-3000:]}"
 
 
 def test_result_raises_subscription_not_found_when_deleted_and_others_run_on(
