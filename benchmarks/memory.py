@@ -201,6 +201,8 @@ class Tracer:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.early: Any = None
+        self.finished: float | None = None
+        """When the last message was handled (the subscriber's shutdown comes after)."""
         if enabled:
             import tracemalloc
 
@@ -243,6 +245,7 @@ async def consume_streamsub(job: Job, handled: Any, tracer: Tracer) -> None:
         if count == EARLY:
             tracer.at_early()
         if count >= job.n:
+            tracer.finished = time.monotonic()
             done.set()
 
     async with (
@@ -277,6 +280,7 @@ async def consume_handwritten(job: Job, handled: Any, tracer: Tracer) -> None:
                     await handler(fields[b"d"])
                     ids.append(entry_id)
                 await client.xack(stream, job.group, *ids)
+        tracer.finished = time.monotonic()
     finally:
         await client.aclose()
 
@@ -303,6 +307,7 @@ async def consume_faststream(job: Job, handled: Any, tracer: Tracer) -> None:
         if count == EARLY:
             tracer.at_early()
         if count >= job.n:
+            tracer.finished = time.monotonic()
             done.set()
 
     await broker.start()  # the group exists (at 0): FastStream keeps it
@@ -336,7 +341,7 @@ def _subscriber_main(job: Job, handled: Any, results: Any) -> None:
         tracer = Tracer(job.trace)
         started = time.monotonic()
         asyncio.run(CONSUMERS[job.impl](job, handled, tracer))
-        elapsed = time.monotonic() - started
+        elapsed = (tracer.finished or time.monotonic()) - started
         results.put(
             ("ok", base, rss_kib("self", "VmHWM"), rss_kib("self"), elapsed, tracer.report())
         )
@@ -360,6 +365,8 @@ class Round:
     """RSS with the library imported, before connecting (the interpreter's own share)."""
     end_kib: int
     elapsed_s: float
+    """From the start of the subscriber process's run (after its imports) to the last
+    message handled: it includes connecting, not the shutdown."""
     samples: int
     trace: str | None = None
 
