@@ -201,6 +201,7 @@ class Tracer:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.early: Any = None
+        self.late: Any = None
         self.finished: float | None = None
         """When the last message was handled (the subscriber's shutdown comes after)."""
         if enabled:
@@ -214,16 +215,27 @@ class Tracer:
 
             self.early = tracemalloc.take_snapshot()
 
+    def at_end(self) -> None:
+        """The last message was handled (the subscriber still runs)."""
+        self.finished = time.monotonic()
+        if self.enabled:
+            import tracemalloc
+
+            self.late = tracemalloc.take_snapshot()
+
     def report(self) -> str | None:
-        if not self.enabled or self.early is None:
+        if not self.enabled or self.early is None or self.late is None:
             return None
         import tracemalloc
 
-        late = tracemalloc.take_snapshot()
+        late = self.late
         ignore = [tracemalloc.Filter(False, tracemalloc.__file__)]
         stats = late.filter_traces(ignore).compare_to(self.early.filter_traces(ignore), "lineno")
         current, peak = tracemalloc.get_traced_memory()
-        lines = [f"traced now {current / 2**20:.1f} MiB, traced peak {peak / 2**20:.1f} MiB"]
+        lines = [
+            f"traced after the subscriber stopped {current / 2**20:.1f} MiB, traced peak "
+            f"{peak / 2**20:.1f} MiB; grown from the first {EARLY:,} handled to the last:"
+        ]
         lines += [str(stat) for stat in stats[:15]]
         grown = late.filter_traces(ignore).compare_to(self.early.filter_traces(ignore), "traceback")
         if grown and grown[0].size_diff > 2**20:
@@ -245,7 +257,7 @@ async def consume_streamsub(job: Job, handled: Any, tracer: Tracer) -> None:
         if count == EARLY:
             tracer.at_early()
         if count >= job.n:
-            tracer.finished = time.monotonic()
+            tracer.at_end()
             done.set()
 
     async with (
@@ -280,7 +292,7 @@ async def consume_handwritten(job: Job, handled: Any, tracer: Tracer) -> None:
                     await handler(fields[b"d"])
                     ids.append(entry_id)
                 await client.xack(stream, job.group, *ids)
-        tracer.finished = time.monotonic()
+        tracer.at_end()
     finally:
         await client.aclose()
 
@@ -307,7 +319,7 @@ async def consume_faststream(job: Job, handled: Any, tracer: Tracer) -> None:
         if count == EARLY:
             tracer.at_early()
         if count >= job.n:
-            tracer.finished = time.monotonic()
+            tracer.at_end()
             done.set()
 
     await broker.start()  # the group exists (at 0): FastStream keeps it
