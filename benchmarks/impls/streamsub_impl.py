@@ -256,6 +256,8 @@ class StreamsubKeyed(Streamsub):
         try:
             for subscriber in subscribers:
                 await subscriber.__aenter__()
+            if self.ordered:
+                await settled(subscribers)
             ready()
             await receiver.done.wait()
             last_ack_ns = await wait_until_all_acked(watcher)
@@ -266,6 +268,29 @@ class StreamsubKeyed(Streamsub):
                 await client.aclose()
             await watcher.aclose()
         return receiver.result(last_ack_ns)
+
+
+OWNERSHIP_SETTLES = 30.0
+"""Seconds the ordered subscribers may take to share the partitions out."""
+
+
+async def settled(subscribers: Sequence[streamsub.Subscriber]) -> None:
+    """Wait until the ordered ``subscribers`` read their even shares of the
+    partitions. The first to start owns them all; the others get theirs by
+    cooperative hand-over once its next heartbeat (within a third of the
+    ownership lease, 3.3 s) sees them, and messages of a partition on the move
+    wait for the move (correct: a key's next message must not overtake the one
+    its old owner holds). A user's subscribers start once and stay; a round
+    that began publishing before this would measure a one-off start-up, not
+    steady-state latency or throughput."""
+    share = PARTITIONS // len(subscribers)
+    deadline = time.monotonic() + OWNERSHIP_SETTLES
+    while any(len(s.statistics().partitions) != share for s in subscribers):
+        if time.monotonic() > deadline:
+            owned = [s.statistics().partitions for s in subscribers]
+            msg = f"ordered subscribers did not share the partitions out: {owned}"
+            raise RuntimeError(msg)
+        await asyncio.sleep(0.01)
 
 
 class StreamsubOrdered(StreamsubKeyed):

@@ -13,7 +13,12 @@ token.
   give back the messages of them that have not started (waiting for their key's
   turn, maybe behind a nack's backoff), let the running ones finish, then
   release them (cooperative); the newcomer takes them at its next heartbeat,
-  taking over everything pending there first, parked nacks included.
+  taking over everything pending there first, parked nacks included. Messages
+  published there meanwhile wait for the move, so it goes no slower than it
+  must: a partition is released as soon as nothing of it is held (not at the
+  next heartbeat), and a member whose partitions are still another's
+  heartbeats every 50 ms for a while (the time the owner takes to see the
+  join, and a drain), so it takes them within that of their release.
 - **Crash**: a member that stops renewing loses its partitions when its lease
   expires; their new owner first takes over every entry still pending in them
   (their delivery counted again), so a crashed subscriber's in-flight message
@@ -72,6 +77,17 @@ OWNERSHIP_LEASE = 10.0
 """Seconds a partition stays with a member that stopped renewing (crashed)."""
 _BUSY_INTERVAL = 0.5
 """Seconds between heartbeats while partitions are being handed over."""
+_RELEASE_POLL = 0.02
+"""How often a member handing partitions over checks (locally, no I/O) whether
+one is free to release: it releases it then, not at its next heartbeat, since
+messages published there wait for the move."""
+_WAITING_INTERVAL = 0.05
+"""Seconds between heartbeats while partitions that are this member's by right
+are still another's, for up to :data:`_WAITING_FAST_FOR` after they became due
+(the time their owner's next heartbeat may take to see the join, plus a
+drain): the newcomer takes a released partition within this, not up to a
+:data:`_BUSY_INTERVAL` later, while its messages wait."""
+_WAITING_FAST_FOR = OWNERSHIP_LEASE / 3 + 1.0
 
 
 class Assignment:
@@ -156,6 +172,8 @@ class PartitionOwner:
         """Until when ``owned`` is surely still ours: a third of a lease before it
         may have run out, counted from the start of the last renewal."""
         self._handing_back: set[int] = set()
+        self._waiting_since: float | None = None
+        """When partitions due to this member began to wait for their owner."""
         self._taking: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
@@ -288,9 +306,36 @@ class PartitionOwner:
             # comes soon, in case that is us.
             if result.waiting or self._handing_back or release:
                 interval = min(interval, _BUSY_INTERVAL)
-            self._wake.clear()
+            if not result.waiting:
+                self._waiting_since = None
+            elif self._waiting_since is None:
+                self._waiting_since = started
+            if (
+                self._waiting_since is not None
+                and started - self._waiting_since < _WAITING_FAST_FOR
+            ):
+                interval = min(interval, _WAITING_INTERVAL)
+            await self._pause(interval)
+
+    async def _pause(self, interval: float) -> None:
+        """Wait ``interval`` seconds until the next heartbeat, or less: until woken
+        (:meth:`stop`, :meth:`fenced_out`), or until a partition being handed
+        over is free to release (its messages wait for the move)."""
+        self._wake.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + interval
+        while True:
+            step = deadline - loop.time()
+            if self._handing_back and not self._frozen and not self._stopping:
+                if any(not self._busy(p) for p in self._handing_back):
+                    return
+                step = min(step, _RELEASE_POLL)
+            if step <= 0:
+                return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+                await asyncio.wait_for(self._wake.wait(), step)
+            if self._wake.is_set():
+                return
 
     def _fence(self) -> None:
         """Another subscriber took our consumer name over: own nothing, for good."""
