@@ -23,8 +23,11 @@ PARTITIONS = 8
 KEYS = 40
 RATE = 200
 """Messages a second, published one ``publish()`` at a time."""
-MOST_DELAY = 0.3
-"""Seconds a message may take from ``publish()`` to its handler, hand-over included."""
+MOST_DELAY = 0.45
+"""Seconds a message may take from ``publish()`` to its handler, hand-over
+included: below the 0.5 s heartbeat that each side waited for before (the
+slowest message then took 0.75 s; now 34-64 ms on a quiet machine, so a busy
+CI machine has room)."""
 
 
 @pytest.mark.timeout(60)
@@ -33,7 +36,7 @@ async def test_a_joining_subscriber_delays_no_message_by_more_than_the_handover_
 ) -> None:
     """Subscriber a owns all 8 partitions while 40 keys are published at a steady
     200 msg/s; subscriber b joins, and a hands it 4 partitions. Every message
-    reaches a handler within 0.3 s of its ``publish()`` call, hand-over
+    reaches a handler within 0.45 s of its ``publish()`` call, hand-over
     included: the old owner releases a partition once nothing of it is held,
     and the newcomer takes it as soon as it is released (issue 11: ordered
     messages held 0.5-0.7 s by the join-time hand-over, which waited for the
