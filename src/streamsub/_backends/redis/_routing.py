@@ -160,7 +160,7 @@ class SlotRouter:
                         )
             if importing:
                 checked = await asyncio.gather(
-                    *(self._undeclared(slots[i], at, calls[i][1]) for i, at in importing.items())
+                    *(self.undeclared(slots[i], at, calls[i][1]) for i, at in importing.items())
                 )
                 for i, command in zip(importing, checked, strict=True):
                     if command is not None:  # sent again at once: it can run now
@@ -184,13 +184,14 @@ class SlotRouter:
             raise rexc.ConnectionError(f"the cluster has no node {name}")
         return node
 
-    async def _undeclared(
+    async def undeclared(
         self, slot: int, importing: str, command: tuple[Any, ...]
     ) -> tuple[Any, ...] | None:
         """``command`` (a script that ``importing`` answered ``TRYAGAIN``) with
         the keys that exist on neither the slot's source nor ``importing``
         undeclared; None if it is no script, if a key it lacks may still be on
-        the source, or if the nodes do not answer as a migration in progress."""
+        the source, or if the nodes do not answer as a migration in progress.
+        (Also the cluster appender's, for a publisher's link key.)"""
         if str(command[0]).upper() not in _SCRIPTS:
             return None
         count = int(command[2])
