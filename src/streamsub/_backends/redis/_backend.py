@@ -444,9 +444,13 @@ class RedisBackend:
         node runs it on a cluster (see RedisClusterBackend); unused here."""
         return await self._redis.execute_command(*command)
 
-    async def _pipelined(self, calls: Sequence[tuple[str | None, tuple[Any, ...]]]) -> list[Any]:
+    async def _pipelined(
+        self, calls: Sequence[tuple[str | None, tuple[Any, ...]]], *, resend: bool = True
+    ) -> list[Any]:
         """Each (key, command)'s reply, in one round trip; an error reply is the
-        exception, in its place. ``key`` as for :meth:`_routed`."""
+        exception, in its place. ``key`` as for :meth:`_routed`. ``resend=False``:
+        a command whose connection broke is not sent again (on a cluster; here
+        redis-py's connection retry still sends it once more)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for _, command in calls:
                 pipe.execute_command(*command)
@@ -864,14 +868,19 @@ class RedisBackend:
         return replies[:-1], [(replies[-1], list(range(len(commands))))]
 
     async def _evalsha_many(
-        self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]
+        self,
+        script: _Script,
+        calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]],
+        *,
+        resend: bool = True,
     ) -> list[Any]:
         """Run ``script`` once per (partition, keys, args) call in one round trip.
 
         A call that failed with NOSCRIPT did not run, so only those run again,
         with the script's source (so they run on whichever server answers, a
         promoted replica or a node that missed SCRIPT LOAD), and the script is
-        loaded again for the next calls: nothing runs twice.
+        loaded again for the next calls: nothing runs twice. ``resend`` as for
+        :meth:`_pipelined`.
         """
         sha = script.sha or await script.load(self._redis)
         results: list[Any] = [None] * len(calls)
@@ -879,7 +888,8 @@ class RedisBackend:
             [
                 (keys[0] if keys else None, ("EVALSHA", sha, len(keys), *keys, *args))
                 for _, keys, args in calls
-            ]
+            ],
+            resend=resend,
         )
         missing = []
         for i, reply in enumerate(replies):
@@ -897,7 +907,8 @@ class RedisBackend:
             [
                 (keys[0] if keys else None, ("EVAL", script.source, len(keys), *keys, *args))
                 for _, keys, args in again
-            ]
+            ],
+            resend=resend,
         )
         for i, reply in zip(missing, replies, strict=True):
             if isinstance(reply, Exception):

@@ -570,11 +570,13 @@ class RedisClusterBackend(RedisBackend):
             raise reply
         return reply
 
-    async def _pipelined(self, calls: Sequence[tuple[str | None, tuple[Any, ...]]]) -> list[Any]:
+    async def _pipelined(
+        self, calls: Sequence[tuple[str | None, tuple[Any, ...]]], *, resend: bool = True
+    ) -> list[Any]:
         keyed = [(key, command) for key, command in calls if key is not None]
         if len(keyed) < len(calls):
             return await super()._pipelined(calls)
-        return await self._router.run(keyed)
+        return await self._router.run(keyed, resend=resend)
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
@@ -904,7 +906,9 @@ class RedisClusterBackend(RedisBackend):
         async def poll() -> OwnedRead:
             entries: list[Entry] = []
             fenced: set[int] = set()
-            replies = await self._evalsha_many(self._read_owned, calls)
+            # Not sent again after a broken connection: the server may have run
+            # it, and the reader takes back what it left pending (reader.py).
+            replies = await self._evalsha_many(self._read_owned, calls, resend=False)
             for (p, _, _), reply in zip(calls, replies, strict=True):
                 read, fenced_here, _ = self._owned_entries([p], reply)
                 entries.extend(read)

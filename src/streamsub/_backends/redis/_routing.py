@@ -40,8 +40,8 @@ pause, and fails with :class:`SlotMigratingError` if the keys take longer than
 the pauses to move. A command is redirected at most
 :data:`MAX_REDIRECTS` times (:class:`SlotMigratingError` past that) and sent
 again at most once after its connection broke (the standalone backend's rule:
-once more on a fresh connection after a reset). Every other reply, an error
-reply included, is the command's.
+once more on a fresh connection after a reset), unless the caller says not
+to. Every other reply, an error reply included, is the command's.
 """
 
 from __future__ import annotations
@@ -86,10 +86,15 @@ class SlotRouter:
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
 
-    async def run(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    async def run(
+        self, calls: Sequence[tuple[str, tuple[Any, ...]]], *, resend: bool = True
+    ) -> list[Any]:
         """Each (key, command)'s reply, the commands of each node in one write,
         the nodes in parallel; an error reply (or a lost connection, or
-        :class:`SlotMigratingError`) is the exception, in its place."""
+        :class:`SlotMigratingError`) is the exception, in its place. With
+        ``resend=False`` a command whose connection broke is not sent again:
+        the server may have run it, and the caller must learn that (an ordered
+        subscription's read takes back what such a read left pending)."""
         await self._client.initialize()  # at once unless a refresh is due
         slots = [key_slot(key) for key, _ in calls]
         commands = [command for _, command in calls]
@@ -144,6 +149,7 @@ class SlotRouter:
                     elif (
                         isinstance(result, rexc.ConnectionError)
                         and not isinstance(result, rexc.AuthenticationError)
+                        and resend
                         and not resent[i]
                     ):
                         resent[i] = refresh = True
