@@ -202,6 +202,13 @@ def _raw(response: Any, **_: Any) -> Any:
     return response
 
 
+def _raw_pending(client: Any) -> None:
+    """XPENDING's replies as they come: :meth:`RedisBackend.pending_owners`
+    (its only sender) sends its range form through ``_pipelined``, where
+    redis-py's callback would parse it as the summary form."""
+    client.set_response_callback("XPENDING", _raw)
+
+
 class _Script:
     """A Lua script called by EVALSHA, loaded again when the server lost it."""
 
@@ -334,6 +341,7 @@ class RedisBackend:
             # Entries stay flat lists (field, value, ...): redis-py's default
             # turns each into a dict, which costs more than decoding it.
             client.set_response_callback("XREADGROUP", _raw)
+            _raw_pending(client)
             return client
         except ValueError as exc:
             if "@" not in url and "password=" not in url:
@@ -1274,15 +1282,19 @@ class RedisBackend:
     ) -> dict[tuple[int, str], str | None]:
         keys = self._keys(topic)
         wanted = [(p, entry_id) for p, entry_ids in ids.items() for entry_id in entry_ids]
+        # Through _pipelined: on a cluster its router follows a migrating slot
+        # (redis-py's pipeline fails "TTL exhausted" there).
         with self._errors():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for p, entry_id in wanted:
-                    pipe.xpending_range(keys[p], group, min=entry_id, max=entry_id, count=1)
-                replies = await pipe.execute()
+            replies = await self._pipelined(
+                [(keys[p], ("XPENDING", keys[p], group, i, i, 1)) for p, i in wanted]
+            )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         owners: dict[tuple[int, str], str | None] = {}
         for where, reply in zip(wanted, replies, strict=True):
-            owner = reply[0]["consumer"] if reply else None
-            owners[where] = owner.decode() if isinstance(owner, bytes) else owner
+            # A range reply, raw: [[id, consumer, idle ms, deliveries]] or [].
+            owners[where] = _text(reply[0][1]) if reply else None
         return owners
 
     # --- operations: retention --------------------------------------------------

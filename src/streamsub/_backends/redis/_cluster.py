@@ -113,6 +113,7 @@ from ._backend import (
     RedisBackend,
     _group_checked,
     _raw,
+    _raw_pending,
     _Script,
     _script,
     redact,
@@ -529,6 +530,7 @@ class RedisClusterBackend(RedisBackend):
             **{**url_options, **options},
         )
         client.set_response_callback("XREADGROUP", _raw)
+        _raw_pending(client)
         gate_nodes(client, NodeGates(limit=max_connections, timeout=socket_timeout))
         return client
 
