@@ -202,6 +202,13 @@ def _raw(response: Any, **_: Any) -> Any:
     return response
 
 
+def _raw_pending(client: Any) -> None:
+    """XPENDING's replies as they come: :meth:`RedisBackend.pending_owners`
+    (its only sender) sends its range form through ``_pipelined``, where
+    redis-py's callback would parse it as the summary form."""
+    client.set_response_callback("XPENDING", _raw)
+
+
 class _Script:
     """A Lua script called by EVALSHA, loaded again when the server lost it."""
 
@@ -334,6 +341,7 @@ class RedisBackend:
             # Entries stay flat lists (field, value, ...): redis-py's default
             # turns each into a dict, which costs more than decoding it.
             client.set_response_callback("XREADGROUP", _raw)
+            _raw_pending(client)
             return client
         except ValueError as exc:
             if "@" not in url and "password=" not in url:
@@ -444,9 +452,13 @@ class RedisBackend:
         node runs it on a cluster (see RedisClusterBackend); unused here."""
         return await self._redis.execute_command(*command)
 
-    async def _pipelined(self, calls: Sequence[tuple[str | None, tuple[Any, ...]]]) -> list[Any]:
+    async def _pipelined(
+        self, calls: Sequence[tuple[str | None, tuple[Any, ...]]], *, resend: bool = True
+    ) -> list[Any]:
         """Each (key, command)'s reply, in one round trip; an error reply is the
-        exception, in its place. ``key`` as for :meth:`_routed`."""
+        exception, in its place. ``key`` as for :meth:`_routed`. ``resend=False``:
+        a command whose connection broke is not sent again (on a cluster; here
+        redis-py's connection retry still sends it once more)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for _, command in calls:
                 pipe.execute_command(*command)
@@ -864,14 +876,19 @@ class RedisBackend:
         return replies[:-1], [(replies[-1], list(range(len(commands))))]
 
     async def _evalsha_many(
-        self, script: _Script, calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]]
+        self,
+        script: _Script,
+        calls: Sequence[tuple[int, Sequence[str], Sequence[Any]]],
+        *,
+        resend: bool = True,
     ) -> list[Any]:
         """Run ``script`` once per (partition, keys, args) call in one round trip.
 
         A call that failed with NOSCRIPT did not run, so only those run again,
         with the script's source (so they run on whichever server answers, a
         promoted replica or a node that missed SCRIPT LOAD), and the script is
-        loaded again for the next calls: nothing runs twice.
+        loaded again for the next calls: nothing runs twice. ``resend`` as for
+        :meth:`_pipelined`.
         """
         sha = script.sha or await script.load(self._redis)
         results: list[Any] = [None] * len(calls)
@@ -879,7 +896,8 @@ class RedisBackend:
             [
                 (keys[0] if keys else None, ("EVALSHA", sha, len(keys), *keys, *args))
                 for _, keys, args in calls
-            ]
+            ],
+            resend=resend,
         )
         missing = []
         for i, reply in enumerate(replies):
@@ -897,7 +915,8 @@ class RedisBackend:
             [
                 (keys[0] if keys else None, ("EVAL", script.source, len(keys), *keys, *args))
                 for _, keys, args in again
-            ]
+            ],
+            resend=resend,
         )
         for i, reply in zip(missing, replies, strict=True):
             if isinstance(reply, Exception):
@@ -1263,15 +1282,19 @@ class RedisBackend:
     ) -> dict[tuple[int, str], str | None]:
         keys = self._keys(topic)
         wanted = [(p, entry_id) for p, entry_ids in ids.items() for entry_id in entry_ids]
+        # Through _pipelined: on a cluster its router follows a migrating slot
+        # (redis-py's pipeline fails "TTL exhausted" there).
         with self._errors():
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for p, entry_id in wanted:
-                    pipe.xpending_range(keys[p], group, min=entry_id, max=entry_id, count=1)
-                replies = await pipe.execute()
+            replies = await self._pipelined(
+                [(keys[p], ("XPENDING", keys[p], group, i, i, 1)) for p, i in wanted]
+            )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         owners: dict[tuple[int, str], str | None] = {}
         for where, reply in zip(wanted, replies, strict=True):
-            owner = reply[0]["consumer"] if reply else None
-            owners[where] = owner.decode() if isinstance(owner, bytes) else owner
+            # A range reply, raw: [[id, consumer, idle ms, deliveries]] or [].
+            owners[where] = _text(reply[0][1]) if reply else None
         return owners
 
     # --- operations: retention --------------------------------------------------

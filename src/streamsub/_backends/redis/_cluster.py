@@ -37,9 +37,13 @@ node (see Lua calls below). What differs:
   that changes only under its send lock, so that a batch redirected by
   ``MOVED`` or ``ASK`` is sent again (``ASKING`` on the same connection, in the
   same write) before any later batch of its partition: order is kept across a
-  slot's move. A node that refuses a new connection (a killed master not yet
-  replaced) got nothing, so its batches are routed afresh and retried until
-  the socket timeout: a publish stalls through the failover. ``CLUSTERDOWN``,
+  slot's move. A write is answered ``TRYAGAIN`` by the importing node when
+  the publisher's link key on the partition (its first write there in a
+  minute) exists on neither node: it is sent there again at once with that
+  key undeclared, as ``_routing.SlotRouter`` does for steps. A node that
+  refuses a new connection (a killed master not yet replaced) got nothing,
+  so its batches are routed afresh and retried until the socket timeout: a
+  publish stalls through the failover. ``CLUSTERDOWN``, any other
   ``TRYAGAIN`` and a connection lost with batches in flight fail the publish
   (it may or may not be stored after a lost connection; it is not after the
   others). The appender's connections are its own, not the node pools':
@@ -109,6 +113,7 @@ from ._backend import (
     RedisBackend,
     _group_checked,
     _raw,
+    _raw_pending,
     _Script,
     _script,
     redact,
@@ -290,6 +295,7 @@ class _ClusterAppender:
 
     def __init__(self, client: RedisCluster, *, timeout: float) -> None:
         self._client = client
+        self._router = SlotRouter(client)
         self._timeout = timeout
         self._lock = asyncio.Lock()
         self._slot_node: dict[int, str] = {}
@@ -330,22 +336,41 @@ class _ClusterAppender:
         node's; return their replies in that order, and each of ``after``'s replies
         with the indexes of the commands it confirms (those its node stored)."""
         replies: list[Any] = [None] * len(commands)
+        commands = list(commands)  # a write may be sent again with a key undeclared
         # A wait's reply counts only for a node that stored some of its batch,
         # and only for what that node stored.
         after_replies: list[tuple[asyncio.Future[Any], list[int]]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
         for _ in range(MAX_REDIRECTS + 1):
-            sent: list[tuple[int, str, asyncio.Future[Any]]] = []
+            sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
             waits: dict[str, asyncio.Future[Any]] = {}
             async with self._lock:
                 await self._send_all(commands, todo, after, sent, waits)
             todo = []
             stored: dict[str, list[int]] = {}
-            for i, name, future in sent:
+            for i, name, asking, future in sent:
                 try:
                     replies[i] = await future
                     stored.setdefault(name, []).append(i)
+                except rexc.TryAgainError as exc:
+                    # The importing node lacks a key the write names. A
+                    # publisher's link key that exists on neither node (its
+                    # first write to the partition in a minute) never comes:
+                    # sent again at once with it undeclared (as SlotRouter's
+                    # steps); anything else fails the write.
+                    again = (
+                        await self._router.undeclared(
+                            key_slot(_keys_text(commands[i][3])), name, commands[i]
+                        )
+                        if asking
+                        else None
+                    )
+                    if again is None:
+                        replies[i] = exc
+                    else:
+                        commands[i] = again
+                        todo.append((i, name, True))
                 except rexc.AskError as exc:  # MovedError is one too
                     # Not run. Sent again, under the lock, before any later batch
                     # of its slot: the map changes only there.
@@ -378,7 +403,7 @@ class _ClusterAppender:
         commands: list[tuple[Any, ...]],
         todo: list[tuple[int, str | None, bool]],
         after: tuple[Any, ...] | None,
-        sent: list[tuple[int, str, asyncio.Future[Any]]],
+        sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
     ) -> None:
         """Route and send ``todo`` (under the lock), adding each command's reply
@@ -422,7 +447,7 @@ class _ClusterAppender:
                 if after is not None:
                     waits[name] = futures.pop()
                 futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
-                sent += [(i, name, f) for (i, _), f in zip(items, futures, strict=True)]
+                sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
             if todo:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
@@ -505,6 +530,7 @@ class RedisClusterBackend(RedisBackend):
             **{**url_options, **options},
         )
         client.set_response_callback("XREADGROUP", _raw)
+        _raw_pending(client)
         gate_nodes(client, NodeGates(limit=max_connections, timeout=socket_timeout))
         return client
 
@@ -546,11 +572,13 @@ class RedisClusterBackend(RedisBackend):
             raise reply
         return reply
 
-    async def _pipelined(self, calls: Sequence[tuple[str | None, tuple[Any, ...]]]) -> list[Any]:
+    async def _pipelined(
+        self, calls: Sequence[tuple[str | None, tuple[Any, ...]]], *, resend: bool = True
+    ) -> list[Any]:
         keyed = [(key, command) for key, command in calls if key is not None]
         if len(keyed) < len(calls):
             return await super()._pipelined(calls)
-        return await self._router.run(keyed)
+        return await self._router.run(keyed, resend=resend)
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
@@ -880,7 +908,9 @@ class RedisClusterBackend(RedisBackend):
         async def poll() -> OwnedRead:
             entries: list[Entry] = []
             fenced: set[int] = set()
-            replies = await self._evalsha_many(self._read_owned, calls)
+            # Not sent again after a broken connection: the server may have run
+            # it, and the reader takes back what it left pending (reader.py).
+            replies = await self._evalsha_many(self._read_owned, calls, resend=False)
             for (p, _, _), reply in zip(calls, replies, strict=True):
                 read, fenced_here, _ = self._owned_entries([p], reply)
                 entries.extend(read)

@@ -40,8 +40,8 @@ pause, and fails with :class:`SlotMigratingError` if the keys take longer than
 the pauses to move. A command is redirected at most
 :data:`MAX_REDIRECTS` times (:class:`SlotMigratingError` past that) and sent
 again at most once after its connection broke (the standalone backend's rule:
-once more on a fresh connection after a reset). Every other reply, an error
-reply included, is the command's.
+once more on a fresh connection after a reset), unless the caller says not
+to. Every other reply, an error reply included, is the command's.
 """
 
 from __future__ import annotations
@@ -86,10 +86,15 @@ class SlotRouter:
     def __init__(self, client: RedisCluster) -> None:
         self._client = client
 
-    async def run(self, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    async def run(
+        self, calls: Sequence[tuple[str, tuple[Any, ...]]], *, resend: bool = True
+    ) -> list[Any]:
         """Each (key, command)'s reply, the commands of each node in one write,
         the nodes in parallel; an error reply (or a lost connection, or
-        :class:`SlotMigratingError`) is the exception, in its place."""
+        :class:`SlotMigratingError`) is the exception, in its place. With
+        ``resend=False`` a command whose connection broke is not sent again:
+        the server may have run it, and the caller must learn that (an ordered
+        subscription's read takes back what such a read left pending)."""
         await self._client.initialize()  # at once unless a refresh is due
         slots = [key_slot(key) for key, _ in calls]
         commands = [command for _, command in calls]
@@ -144,6 +149,7 @@ class SlotRouter:
                     elif (
                         isinstance(result, rexc.ConnectionError)
                         and not isinstance(result, rexc.AuthenticationError)
+                        and resend
                         and not resent[i]
                     ):
                         resent[i] = refresh = True
@@ -160,7 +166,7 @@ class SlotRouter:
                         )
             if importing:
                 checked = await asyncio.gather(
-                    *(self._undeclared(slots[i], at, calls[i][1]) for i, at in importing.items())
+                    *(self.undeclared(slots[i], at, calls[i][1]) for i, at in importing.items())
                 )
                 for i, command in zip(importing, checked, strict=True):
                     if command is not None:  # sent again at once: it can run now
@@ -184,13 +190,14 @@ class SlotRouter:
             raise rexc.ConnectionError(f"the cluster has no node {name}")
         return node
 
-    async def _undeclared(
+    async def undeclared(
         self, slot: int, importing: str, command: tuple[Any, ...]
     ) -> tuple[Any, ...] | None:
         """``command`` (a script that ``importing`` answered ``TRYAGAIN``) with
         the keys that exist on neither the slot's source nor ``importing``
         undeclared; None if it is no script, if a key it lacks may still be on
-        the source, or if the nodes do not answer as a migration in progress."""
+        the source, or if the nodes do not answer as a migration in progress.
+        (Also the cluster appender's, for a publisher's link key.)"""
         if str(command[0]).upper() not in _SCRIPTS:
             return None
         count = int(command[2])
