@@ -1,9 +1,10 @@
 """An ordered read whose reply is lost with its connection (a reset after the
 server ran it), on one redis-server: the standalone twin of
 tests/cluster/test_cluster_ordered_lost_reply.py. redis-py's connection retry
-(one silent resend on ConnectionError, set in RedisBackend._open) sends the
-read again, which reads the keys' later entries; the reader never learns the
-first read's outcome was unknown and does not take back what it left pending."""
+(one silent resend on ConnectionError, set in RedisBackend._open) sent the
+read again, which read the keys' later entries; the reader never learned the
+first read's outcome was unknown and did not take back what it left pending.
+Ordered reads are now sent once (RedisBackend._routed, resend=False)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,6 @@ from tests.ordered_faults._lost_reply import first_handlings_after_a_lost_reply
 pytestmark = pytest.mark.standalone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: redis-py's Retry on ConnectionError resends an ordered read silently",
-)
 @pytest.mark.timeout(90)
 async def test_a_read_reply_lost_with_its_connection_lets_no_later_message_of_its_keys_overtake(
     private_server: RedisServer,

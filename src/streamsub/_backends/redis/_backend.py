@@ -59,7 +59,7 @@ from ..base import (
     TopicRecord,
 )
 from . import _keys
-from ._in_order import InOrderConnection
+from ._in_order import InOrderConnection, take_connection
 from ._pool import WaitingConnectionPool
 
 __all__ = ["RedisBackend"]
@@ -447,10 +447,27 @@ class RedisBackend:
                 self._partition_of[key.encode()] = partition
         return keys
 
-    async def _routed(self, key: str | None, *command: Any) -> Any:
+    async def _routed(self, key: str | None, *command: Any, resend: bool = True) -> Any:
         """``command``'s reply. ``key``, one of its keys, names the slot whose
-        node runs it on a cluster (see RedisClusterBackend); unused here."""
-        return await self._redis.execute_command(*command)
+        node runs it on a cluster (see RedisClusterBackend); unused here.
+        ``resend=False``: a command whose connection broke with it in flight is
+        not sent again (its outcome is unknown: the caller learns so from the
+        ConnectionError), where redis-py's connection retry would send it once
+        more."""
+        if resend:
+            return await self._redis.execute_command(*command)
+        pool = self._redis.connection_pool
+        connection = await take_connection(pool)
+        try:
+            await connection.send_command(*command)
+            return await connection.read_response()
+        except rexc.ResponseError:
+            raise  # an error reply: the connection is fine
+        except BaseException:
+            await connection.disconnect()  # a reply may still be on its way
+            raise
+        finally:
+            await pool.release(connection)
 
     async def _pipelined(
         self, calls: Sequence[tuple[str | None, tuple[Any, ...]]], *, resend: bool = True
@@ -464,17 +481,21 @@ class RedisBackend:
                 pipe.execute_command(*command)
             return list(await pipe.execute(raise_on_error=False))
 
-    async def _evalsha(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _evalsha(
+        self, script: _Script, keys: Sequence[str], args: Sequence[Any], *, resend: bool = True
+    ) -> Any:
+        """``script``'s reply; ``resend`` as for :meth:`_routed`."""
         sha = script.sha or await script.load(self._redis)
         key = keys[0] if keys else None
         try:
-            return await self._routed(key, "EVALSHA", sha, len(keys), *keys, *args)
+            return await self._routed(key, "EVALSHA", sha, len(keys), *keys, *args, resend=resend)
         except rexc.NoScriptError:
             # Not run. The source, so it runs whichever server answers (a
             # promoted replica, a node that did not get SCRIPT LOAD); loaded
             # again for the next calls.
             await script.load(self._redis)
-            return await self._routed(key, "EVAL", script.source, len(keys), *keys, *args)
+            source = script.source
+            return await self._routed(key, "EVAL", source, len(keys), *keys, *args, resend=resend)
 
     async def ping(self) -> None:
         """PING; with ``Durability(fsync=True)``, also check that every master
@@ -1023,15 +1044,19 @@ class RedisBackend:
         partitions = list(tokens)
         keys = self._read_owned_call(topic, group, partitions)
         args = [group, consumer, count, *tokens.values()]
+        # Never sent twice: a read whose reply was lost with its connection
+        # delivered what the reader never saw; the reader learns so from the
+        # error and takes it back before reading on (a second read would hand
+        # it the keys' later entries first).
         with self._errors():
-            reply = await self._evalsha(self._read_owned, keys, args)
+            reply = await self._evalsha(self._read_owned, keys, args, resend=False)
             entries, fenced, newest = self._owned_entries(partitions, reply)
             if entries or fenced or not block_ms or not newest:
                 return OwnedRead(entries, frozenset(fenced))
             streams = {self._keys(topic)[p]: after for p, after in newest.items()}
             if not await self._redis.xread(streams, count=1, block=block_ms):
                 return OwnedRead([], frozenset(fenced))
-            reply = await self._evalsha(self._read_owned, keys, args)
+            reply = await self._evalsha(self._read_owned, keys, args, resend=False)
         entries, more_fenced, _ = self._owned_entries(partitions, reply)
         return OwnedRead(entries, frozenset(fenced | more_fenced))
 

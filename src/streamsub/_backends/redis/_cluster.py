@@ -291,6 +291,11 @@ class _ClusterAppender:
     The map changes only under ``_lock``, which is held while batches are
     routed and sent (not while their replies are awaited), so a batch sent
     again after a redirect leaves before any later batch of its slot.
+
+    A write for a node that refuses connections (a master killed and not yet
+    replaced) waits, and holds its slot (``_holds``) while it does: later
+    writes for that slot wait behind it, so they do not overtake it; writes
+    for other slots go on at once (the lock is not held while it waits).
     """
 
     def __init__(self, client: RedisCluster, *, timeout: float) -> None:
@@ -301,6 +306,8 @@ class _ClusterAppender:
         self._slot_node: dict[int, str] = {}
         self._connections: dict[str, InOrderConnection] = {}
         self._refresh = False
+        self._holds: dict[int, asyncio.Event] = {}
+        """Slots whose writes wait for a refusing node: set when they left or failed."""
 
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
@@ -345,8 +352,7 @@ class _ClusterAppender:
         for _ in range(MAX_REDIRECTS + 1):
             sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
             waits: dict[str, asyncio.Future[Any]] = {}
-            async with self._lock:
-                await self._send_all(commands, todo, after, sent, waits)
+            await self._send_all(commands, todo, after, sent, waits)
             todo = []
             stored: dict[str, list[int]] = {}
             for i, name, asking, future in sent:
@@ -406,51 +412,102 @@ class _ClusterAppender:
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
     ) -> None:
-        """Route and send ``todo`` (under the lock), adding each command's reply
-        future to ``sent`` and each node's ``after`` to ``waits``.
+        """Route and send ``todo``, adding each command's reply future to
+        ``sent`` and each node's ``after`` to ``waits``.
 
         A node that refuses a new connection (a master killed and not yet
         replaced) got nothing: its commands are routed afresh from a new view of
         the cluster and sent again, with growing pauses, until the socket
-        timeout; so a publish stalls through a failover instead of failing, and
-        holding the lock keeps later batches behind it."""
+        timeout; so a publish stalls through a failover instead of failing.
+        Their slots are held meanwhile (later writes for them wait), and only
+        they: the lock is let go between tries."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         pause = 0.05
-        while todo:
-            by_node: dict[str, list[tuple[int, bool]]] = {}
-            for i, target, asking in todo:
-                slot = key_slot(_keys_text(commands[i][3]))
-                if target is None:
-                    target = await self._node_for(slot)
-                elif not asking:  # MOVED: the slot's new home, from now on
-                    self._slot_node[slot] = target
-                by_node.setdefault(target, []).append((i, asking))
-            todo = []
-            for name, items in by_node.items():
-                batch: list[tuple[Any, ...]] = []
-                for i, asking in items:
-                    batch += [("ASKING",), commands[i]] if asking else [commands[i]]
-                try:
-                    connection = await self._connection(name)
-                    futures = await connection.send_many(batch, after)
-                except _NotConnected:
-                    self._forget(name)
-                    self._connections.pop(name, None)
-                    if loop.time() + pause > deadline:
-                        raise
-                    todo += [(i, None, False) for i, _ in items]
+        mine: dict[int, asyncio.Event] = {}
+
+        def slot_of(i: int) -> int:
+            return key_slot(_keys_text(commands[i][3]))
+
+        def others_holding() -> list[asyncio.Event]:
+            # A redirected write (its target known) is older than any hold.
+            return [
+                event
+                for i, target, _ in todo
+                if target is None
+                and (event := self._holds.get(slot_of(i))) is not None
+                and mine.get(slot_of(i)) is not event
+            ]
+
+        try:
+            while todo:
+                if blocking := others_holding():
+                    await asyncio.gather(*(event.wait() for event in blocking))
                     continue
-                except (rexc.ConnectionError, rexc.TimeoutError, OSError):
-                    self._forget(name)
-                    raise
-                if after is not None:
-                    waits[name] = futures.pop()
-                futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
-                sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
-            if todo:
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
+                async with self._lock:
+                    if others_holding():  # taken while this call waited for the lock
+                        continue
+                    refused = await self._send_routed(commands, todo, after, sent, waits)
+                    held = {slot_of(i) for i, _, _ in refused}
+                    for slot in [slot for slot in mine if slot not in held]:
+                        self._holds.pop(slot, None)
+                        mine.pop(slot).set()
+                    for slot in held - mine.keys():
+                        mine[slot] = self._holds[slot] = asyncio.Event()
+                todo = refused
+                if todo:
+                    if loop.time() + pause > deadline:
+                        raise _NotConnected(
+                            f"no node took slot {slot_of(todo[0][0])} within "
+                            f"{self._timeout:g} s: its master refuses connections"
+                        )
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 1.0)
+        finally:
+            for slot, event in mine.items():
+                if self._holds.get(slot) is event:
+                    del self._holds[slot]
+                event.set()
+
+    async def _send_routed(
+        self,
+        commands: list[tuple[Any, ...]],
+        todo: list[tuple[int, str | None, bool]],
+        after: tuple[Any, ...] | None,
+        sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
+        waits: dict[str, asyncio.Future[Any]],
+    ) -> list[tuple[int, str | None, bool]]:
+        """One try of :meth:`_send_all` (under the lock); return the commands of
+        nodes that refused a connection, to be routed afresh."""
+        by_node: dict[str, list[tuple[int, bool]]] = {}
+        for i, target, asking in todo:
+            slot = key_slot(_keys_text(commands[i][3]))
+            if target is None:
+                target = await self._node_for(slot)
+            elif not asking:  # MOVED: the slot's new home, from now on
+                self._slot_node[slot] = target
+            by_node.setdefault(target, []).append((i, asking))
+        refused: list[tuple[int, str | None, bool]] = []
+        for name, items in by_node.items():
+            batch: list[tuple[Any, ...]] = []
+            for i, asking in items:
+                batch += [("ASKING",), commands[i]] if asking else [commands[i]]
+            try:
+                connection = await self._connection(name)
+                futures = await connection.send_many(batch, after)
+            except _NotConnected:
+                self._forget(name)
+                self._connections.pop(name, None)
+                refused += [(i, None, False) for i, _ in items]
+                continue
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+                self._forget(name)
+                raise
+            if after is not None:
+                waits[name] = futures.pop()
+            futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
+            sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
+        return refused
 
     def _forget(self, name: str) -> None:
         """A node's connection broke: route its slots afresh next time (it may be
@@ -564,10 +621,10 @@ class RedisClusterBackend(RedisBackend):
         )
         self._router = SlotRouter(self._redis)
 
-    async def _routed(self, key: str | None, *command: Any) -> Any:
+    async def _routed(self, key: str | None, *command: Any, resend: bool = True) -> Any:
         if key is None:  # no slot to route by: redis-py picks a node
             return await super()._routed(key, *command)
-        (reply,) = await self._router.run([(key, command)])
+        (reply,) = await self._router.run([(key, command)], resend=resend)
         if isinstance(reply, Exception):
             raise reply
         return reply

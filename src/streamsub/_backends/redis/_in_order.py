@@ -43,7 +43,8 @@ def _needs_command_name(pool: Any) -> bool:
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-async def _take(pool: Any) -> Any:
+async def take_connection(pool: Any) -> Any:
+    """A connection of ``pool`` (give it back with ``pool.release``)."""
     if _needs_command_name(pool):
         return await pool.get_connection("EVAL")
     return await pool.get_connection()
@@ -213,7 +214,7 @@ class InOrderConnection:
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
         if connection is None:
-            connection = self._connection = await _take(self._pool)
+            connection = self._connection = await take_connection(self._pool)
         elif not self._waiting and loop.time() - self._last_used > self._health_check_interval:
             # Idle long enough to have died unseen (a NAT, a failover). Nothing
             # is in flight, so PING's reply is the next one on the connection.
@@ -222,7 +223,7 @@ class InOrderConnection:
                 await connection.read_response()
             except rexc.ConnectionError as exc:  # reset while idle: take a fresh one
                 await self._broken(connection, exc)
-                connection = self._connection = await _take(self._pool)
+                connection = self._connection = await take_connection(self._pool)
             except BaseException as exc:
                 await self._broken(connection, exc)
                 raise
