@@ -739,7 +739,7 @@ class RedisBackend:
             if isinstance(reply, Exception):
                 results[p] = self._translated(reply)
             else:
-                results[p] = [i.decode() for i in reply]
+                results[p] = reply.decode().split()  # append.lua's ids, space-separated
         # Each node's confirmation judges what that node stored, and only that:
         # on a cluster, a master left without a replica fails its partitions'
         # writes, not those the other masters' replicas confirmed.

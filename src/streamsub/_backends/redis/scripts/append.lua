@@ -1,9 +1,11 @@
 -- Append a batch of messages to one partition's stream, in order.
 -- KEYS[1]: the stream. ARGV[1]: the batch, packed: per message a big-endian
 -- uint16 value count n, then n values (field, value, field, value, ...), each
--- a big-endian uint32 length and its bytes. Returns the new entry ids.
+-- a big-endian uint32 length and its bytes. Returns the new entry ids in one
+-- string, separated by spaces.
 -- One argument instead of thousands: packing arguments one by one, not Redis,
--- is what limits a Python publisher.
+-- is what limits a Python publisher; and one reply, which the client splits at
+-- once, instead of one per message.
 -- Linked writes (a publisher with writes in flight): KEYS[2] is the writer's
 -- link on this partition (it shares the stream's tag), ARGV[2] this write's
 -- number, ARGV[3] the number of the write that must have been stored first,
@@ -39,4 +41,4 @@ if link then
   -- Only writes in flight behind this one read it: a minute outlives them.
   redis.call('SET', link, ARGV[2], 'PX', 60000)
 end
-return ids
+return table.concat(ids, ' ')
