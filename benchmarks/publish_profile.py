@@ -12,6 +12,9 @@ after the other, as ``--scenarios many``) and ``pipelined`` (the hand-written
 loop: ``XADD`` pipelined 200 at a time), 100-byte messages on a 16-partition
 topic, against one private redis-server. In-process and single-threaded, so
 the figures say where this process's time goes; ``run.py`` gives the ratios.
+Besides msgs/s (noisy on a shared machine) it prints the CPU time per message
+of this process and of the redis-server (``INFO cpu``), which other load
+disturbs far less.
 """
 
 from __future__ import annotations
@@ -67,13 +70,28 @@ async def pipelined(url: str, n: int) -> None:
         await redis.aclose()
 
 
-async def one_round(url: str, path: str, n: int, profiler: cProfile.Profile | None) -> float:
+async def server_cpu(url: str) -> float:
+    """Seconds of CPU the redis-server has used (user and system)."""
+    redis = aioredis.Redis.from_url(url)
+    try:
+        info = await redis.info("cpu")
+    finally:
+        await redis.aclose()
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def one_round(
+    url: str, path: str, n: int, profiler: cProfile.Profile | None
+) -> tuple[float, float, float]:
+    """msgs/s, and this process's and the server's CPU µs per message."""
     redis = aioredis.Redis.from_url(url)
     await redis.flushall()
     await redis.aclose()
     async with streamsub.connect(url) as client:
         await client.create_topic(TOPIC, partitions=16)
         await client.publish_many(TOPIC, [BODY] * 20)  # connections and scripts warm
+        server_before = await server_cpu(url)
+        cpu = time.process_time()
         start = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -85,7 +103,10 @@ async def one_round(url: str, path: str, n: int, profiler: cProfile.Profile | No
             await pipelined(url, n)
         if profiler is not None:
             profiler.disable()
-        return n / (time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        cpu = time.process_time() - cpu
+        server = await server_cpu(url) - server_before
+        return n / elapsed, cpu * 1e6 / n, server * 1e6 / n
 
 
 def main() -> None:
@@ -103,19 +124,21 @@ def main() -> None:
         for path in args.paths.split(","):
             if args.profile:
                 profiler = cProfile.Profile()
-                rate = asyncio.run(one_round(url, path, args.messages, profiler))
+                rate, _, _ = asyncio.run(one_round(url, path, args.messages, profiler))
                 print(f"== {path}: {rate:,.0f} msgs/s under cProfile")
                 stats = pstats.Stats(profiler)
                 stats.sort_stats(args.sort).print_stats(args.profile)
                 continue
-            rates = [
+            results = [
                 asyncio.run(one_round(url, path, args.messages, None)) for _ in range(args.rounds)
             ]
-            per_message = 1e6 / statistics.median(rates)
+            rates = [rate for rate, _, _ in results]
+            client_cpu = statistics.median(cpu for _, cpu, _ in results)
+            server = statistics.median(server for _, _, server in results)
             print(
-                f"{path:>12}: median {statistics.median(rates):>9,.0f} msgs/s "
-                f"({per_message:5.1f} µs/msg); rounds "
-                + " ".join(f"{rate:,.0f}" for rate in rates),
+                f"{path:>12}: median {statistics.median(rates):>9,.0f} msgs/s; CPU per "
+                f"message: this process {client_cpu:5.2f} µs, redis-server {server:5.2f} µs; "
+                "rounds " + " ".join(f"{rate:,.0f}" for rate in rates),
                 flush=True,
             )
 

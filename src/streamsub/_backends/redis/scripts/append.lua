@@ -22,20 +22,24 @@ if link and ARGV[3] ~= '' and redis.call('GET', link) ~= ARGV[3] then
   return redis.error_reply('BROKENLINK write ' .. ARGV[2] .. ' of ' .. link ..
     ' follows write ' .. ARGV[3] .. ', which was not stored')
 end
-local unpack_uint, sub = struct.unpack, string.sub
-local ids = {}
+local struct_unpack, call = struct.unpack, redis.call
+-- Per value count, the format that reads all of a message's values at once:
+-- 'c0' is a string as long as the integer read before it.
+local formats = {}
+local ids, count = {}, 0
 local pos, last = 1, #blob
 while pos <= last do
   local n
-  n, pos = unpack_uint('>I2', blob, pos)
-  local args = {}
-  for j = 1, n do
-    local len
-    len, pos = unpack_uint('>I4', blob, pos)
-    args[j] = sub(blob, pos, pos + len - 1)
-    pos = pos + len
+  n, pos = struct_unpack('>I2', blob, pos)
+  local format = formats[n]
+  if not format then
+    format = '>' .. string.rep('I4c0', n)
+    formats[n] = format
   end
-  ids[#ids + 1] = redis.call('XADD', key, '*', unpack(args))
+  local values = {struct_unpack(format, blob, pos)}
+  pos = values[n + 1]
+  count = count + 1
+  ids[count] = call('XADD', key, '*', unpack(values, 1, n))
 end
 if link then
   -- Only writes in flight behind this one read it: a minute outlives them.
