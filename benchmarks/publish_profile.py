@@ -5,6 +5,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/publish_profile.py                 # msgs/s, median of 5
     .venv/bin/python benchmarks/publish_profile.py --profile 30    # cProfile, top 30
     .venv/bin/python benchmarks/publish_profile.py --paths workers500,many1000
+    .venv/bin/python benchmarks/publish_profile.py --steps         # µs per step, no Redis
 
 Paths: ``workers<N>`` (N callers, each awaiting ``publish()`` in a loop, as
 ``run.py --scenarios workers``), ``many<K>`` (``publish_many`` of K, calls one
@@ -15,6 +16,11 @@ the figures say where this process's time goes; ``run.py`` gives the ratios.
 Besides msgs/s (noisy on a shared machine) it prints the CPU time per message
 of this process and of the redis-server (``INFO cpu``), which other load
 disturbs far less.
+
+``--steps`` times the steps of one awaited ``publish()`` and of ``publish_many``
+one by one, in a loop each, without a server: the engine's publisher writes to
+a backend that answers at once with made-up ids, so what is timed is Python
+alone (encoding, queueing, a write's bookkeeping, resolving the callers).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 for entry in (str(BENCH_DIR), str(BENCH_DIR.parent / "src")):
@@ -37,6 +44,11 @@ import redis.asyncio as aioredis  # noqa: E402
 
 import servers  # noqa: E402
 import streamsub  # noqa: E402
+from streamsub import tracing  # noqa: E402
+from streamsub._backends.base import TopicRecord  # noqa: E402
+from streamsub._core.codec import encode, encode_data  # noqa: E402
+from streamsub._engine.publisher import TopicPublisher  # noqa: E402
+from streamsub._settings import BatchSettings  # noqa: E402
 
 BODY = b"x" * 100
 TOPIC = "bench"
@@ -109,6 +121,95 @@ async def one_round(
         return n / elapsed, cpu * 1e6 / n, server * 1e6 / n
 
 
+class _Answering:
+    """A backend that stores nothing and answers each append at once with ids."""
+
+    def __init__(self, packed_size: int) -> None:
+        self._packed_size = packed_size
+        self._ids = [f"1-{i}" for i in range(100_000)]
+
+    async def append(self, topic: Any, batch: Any, links: Any = None) -> dict[int, list[str]]:
+        return {p: self._ids[: len(blob) // self._packed_size] for p, blob in batch.items()}
+
+
+async def _pool(n: int, workers: int, publish_one: Any) -> float:
+    """µs of CPU per message for ``workers`` coroutines awaiting ``publish_one()``."""
+    sequence = iter(range(n))
+
+    async def worker() -> None:
+        for _ in sequence:
+            await publish_one()
+
+    started = time.process_time()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return (time.process_time() - started) * 1e6 / n
+
+
+async def steps(n: int) -> list[tuple[str, float]]:
+    """µs of CPU per message of the publish paths and their steps, without a server."""
+    loop = asyncio.get_running_loop()
+    max_bytes = 10 * 2**20
+    topic = TopicRecord(TOPIC, 16, "", 0.0)
+    encoded = encode(BODY, max_bytes=max_bytes)
+    backend: Any = _Answering(len(encoded.packed))
+    found: list[tuple[str, float]] = []
+
+    def timed(name: str, call: Any) -> None:
+        started = time.process_time()
+        for _ in range(n):
+            call()
+        found.append((name, (time.process_time() - started) * 1e6 / n))
+
+    timed("encode()", lambda: encode(BODY, None, None, max_bytes=max_bytes))
+    timed("encode_data()", lambda: encode_data(BODY, max_bytes))
+    timed("tracing.active()", tracing.active)
+
+    # What any awaited call costs: a future, and a task woken once per call. A
+    # flusher resolves whatever is pending once per loop iteration, as the
+    # publisher's writes do.
+    pending: list[asyncio.Future[None]] = []
+    done = asyncio.Event()
+
+    async def flusher() -> None:
+        while not done.is_set():
+            batch, pending[:] = list(pending), []
+            for future in batch:
+                future.set_result(None)
+            await asyncio.sleep(0)
+
+    def bare() -> asyncio.Future[None]:
+        future = loop.create_future()
+        pending.append(future)
+        return future
+
+    task = loop.create_task(flusher())
+    found.append(("500 workers awaiting bare futures", await _pool(n, 500, bare)))
+    done.set()
+    await task
+
+    publisher = TopicPublisher(backend, topic, BatchSettings())
+    one = (encoded,)
+    found.append(
+        ("500 workers: TopicPublisher.publish", await _pool(n, 500, lambda: publisher.publish(one)))
+    )
+    await publisher.aclose()
+
+    client = streamsub.connect("redis://127.0.0.1:1/0", backend=backend, trim_in_background=False)
+    client._publishers[TOPIC] = TopicPublisher(
+        backend, topic, BatchSettings(), gate=client._publish_gate
+    )
+    found.append(
+        ("500 workers: Client.publish", await _pool(n, 500, lambda: client.publish(TOPIC, BODY)))
+    )
+    chunk = [BODY] * 1000
+    started = time.process_time()
+    for _ in range(n // 1000):
+        await client.publish_many(TOPIC, chunk)
+    found.append(("Client.publish_many(1000)", (time.process_time() - started) * 1e6 / n))
+    await client._publishers[TOPIC].aclose()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", default="workers500,many100,many1000,many10000,pipelined")
@@ -116,7 +217,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", type=int, metavar="TOP", help="profile one round instead")
     parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--steps", action="store_true", help="time each step, no server")
     args = parser.parse_args()
+    if args.steps:
+        for _ in range(args.rounds):
+            found = asyncio.run(steps(args.messages))
+            print("; ".join(f"{name} {us:.2f}" for name, us in found), flush=True)
+        return
     redis_path = servers.find_binary("redis-server")
     if redis_path is None:
         sys.exit("redis-server not found")

@@ -125,13 +125,11 @@ class PublishGate:
         """Count a call as outstanding if it may go at once (False: it must wait,
         with :meth:`acquire`); raise :class:`FlowControlLimitError` with ``ERROR``
         when it goes past a limit."""
-        budget = self._budget
         if self._error_over_limit:
             self._refuse_over(messages, size)
-        elif self._line or not budget.fits(messages, size):
-            return False
-        budget.take(messages, size)
-        return True
+            self._budget.take(messages, size)
+            return True
+        return not self._line and self._budget.try_take(messages, size)
 
     def _refuse_over(self, messages: int, size: int) -> None:
         over = self._budget.over(messages, size)
@@ -231,8 +229,8 @@ class _Waiter:
 
     __slots__ = ("future", "ids", "missing")
 
-    def __init__(self, count: int) -> None:
-        self.future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[list[str]] = loop.create_future()
         self.ids: list[str] = [""] * count
         self.missing = count
 
@@ -307,6 +305,8 @@ class TopicPublisher:
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The flusher's loop, the loop of every publish while it runs."""
         # Links between writes (see the module docstring).
         self._writer = secrets.token_hex(8)
         self._writes = 0
@@ -345,8 +345,6 @@ class TopicPublisher:
         return partition
 
     def _check_paused(self, messages: Sequence[Encoded]) -> None:
-        if not self._paused:
-            return
         key = self._paused.first_paused(message.ordering_key for message in messages)
         if key is not None:
             raise OrderingKeyPausedError(self._topic.name, key)
@@ -357,7 +355,8 @@ class TopicPublisher:
         for room (then :meth:`publish` it). Raises as :meth:`publish` does."""
         if self._closed:
             raise ClosedError("the publisher is closed; publish before closing the client")
-        self._check_paused(messages)
+        if self._paused.keys:
+            self._check_paused(messages)
         size = messages[0].size if len(messages) == 1 else sum([m.size for m in messages])
         if not self._gate.try_take(len(messages), size):
             return None
@@ -398,10 +397,12 @@ class TopicPublisher:
 
     def _enqueue(self, messages: Sequence[Encoded], size: int) -> asyncio.Future[list[str]]:
         """Add an admitted call's messages to the batch; the future of their ids."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = self._loop
+        if loop is None or self._task is None or self._task.done():
+            loop = self._loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run())
         count = len(messages)
-        waiter = _Waiter(count)
+        waiter = _Waiter(count, loop)
         batcher = self._batcher
         now = self._clock()
         if count == 1:
