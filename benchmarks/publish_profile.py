@@ -7,7 +7,9 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/publish_profile.py --paths workers500,many1000
     .venv/bin/python benchmarks/publish_profile.py --steps         # µs per step, no Redis
 
-Paths: ``workers<N>`` (N callers, each awaiting ``publish()`` in a loop, as
+Paths: ``each`` (one caller awaiting each ``publish()``; ``xadd``: one
+redis-py ``XADD`` awaited each time instead), ``workers<N>`` (N
+callers, each awaiting ``publish()`` in a loop, as
 ``run.py --scenarios workers``), ``many<K>`` (``publish_many`` of K, calls one
 after the other, as ``--scenarios many``) and ``pipelined`` (the hand-written
 loop: ``XADD`` pipelined 200 at a time), 100-byte messages on a 16-partition
@@ -44,11 +46,6 @@ import redis.asyncio as aioredis  # noqa: E402
 
 import servers  # noqa: E402
 import streamsub  # noqa: E402
-from streamsub import tracing  # noqa: E402
-from streamsub._backends.base import TopicRecord  # noqa: E402
-from streamsub._core.codec import encode, encode_data  # noqa: E402
-from streamsub._engine.publisher import TopicPublisher  # noqa: E402
-from streamsub._settings import BatchSettings  # noqa: E402
 
 BODY = b"x" * 100
 TOPIC = "bench"
@@ -101,13 +98,22 @@ async def one_round(
     await redis.aclose()
     async with streamsub.connect(url) as client:
         await client.create_topic(TOPIC, partitions=16)
-        await client.publish_many(TOPIC, [BODY] * 20)  # connections and scripts warm
+        for _ in range(20):  # connections and scripts warm
+            await client.publish(TOPIC, BODY)
         server_before = await server_cpu(url)
         cpu = time.process_time()
         start = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        if path.startswith("workers"):
+        if path == "xadd":  # the hand-written baseline of each
+            redis = aioredis.Redis.from_url(url)
+            for _ in range(n):
+                await redis.xadd(TOPIC, {b"d": BODY})
+            await redis.aclose()
+        elif path == "each":
+            for _ in range(n):
+                await client.publish(TOPIC, BODY)
+        elif path.startswith("workers"):
             await workers(client, n, int(path.removeprefix("workers")))
         elif path.startswith("many"):
             await many(client, n, int(path.removeprefix("many")))
@@ -147,6 +153,13 @@ async def _pool(n: int, workers: int, publish_one: Any) -> float:
 
 async def steps(n: int) -> list[tuple[str, float]]:
     """µs of CPU per message of the publish paths and their steps, without a server."""
+    # Imported here: the other modes also run against older code (PYTHONPATH).
+    from streamsub import tracing
+    from streamsub._backends.base import TopicRecord
+    from streamsub._core.codec import encode, encode_data
+    from streamsub._engine.publisher import TopicPublisher
+    from streamsub._settings import BatchSettings
+
     loop = asyncio.get_running_loop()
     max_bytes = 10 * 2**20
     topic = TopicRecord(TOPIC, 16, "", 0.0)
