@@ -6,6 +6,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/publish_profile.py --profile 30    # cProfile, top 30
     .venv/bin/python benchmarks/publish_profile.py --paths workers500,many1000
     .venv/bin/python benchmarks/publish_profile.py --steps         # µs per step, no Redis
+    .venv/bin/python benchmarks/publish_profile.py --breakdown     # µs per message by step
 
 Paths: ``each`` (one caller awaiting each ``publish()``; ``xadd``: one
 redis-py ``XADD`` awaited each time instead), ``workers<N>`` (N
@@ -223,6 +224,82 @@ async def steps(n: int) -> list[tuple[str, float]]:
     return found
 
 
+_STEPS = (
+    # (step, where: a path fragment, and function names or None for all of it)
+    ("tracing and metrics hooks", "streamsub/tracing.py", None),
+    ("tracing and metrics hooks", "streamsub/metrics.py", None),
+    ("encoding", "streamsub/_core/codec.py", None),
+    ("flow control", "streamsub/_core/publish_flow.py", None),
+    ("flow control", "_engine/publisher.py", {"try_take", "acquire", "_refuse_over", "release"}),
+    ("ordering-key gate", "_engine/publisher.py", {"_check_paused", "first_paused", "<genexpr>"}),
+    ("future and waiter", "_engine/publisher.py", {"__init__"}),
+    ("future and waiter", "asyncio/base_events.py", {"create_future"}),
+    ("batcher and queueing", "streamsub/_core/batch.py", None),
+    ("batcher and queueing", "streamsub/_core/partition.py", None),
+    (
+        "batcher and queueing",
+        "_engine/publisher.py",
+        {"submit", "publish", "_enqueue", "_enqueue_runs", "_partition", "_close_batch"},
+    ),
+    ("client publish()/publish_many()", "streamsub/_client.py", None),
+    ("client publish()/publish_many()", "streamsub/_message.py", None),
+    ("write: links, EVAL argument packing", "_engine/publisher.py", {"_links", "_flush", "_run"}),
+    ("write: links, EVAL argument packing", "redis/asyncio/connection.py", {"pack_command"}),
+    ("write: links, EVAL argument packing", "redis/asyncio/connection.py", {"pack_commands"}),
+    ("write: links, EVAL argument packing", "redis/_parsers/encoders.py", None),
+    ("reply handling: ids, resolving callers", "_engine/publisher.py", None),
+    ("reply handling: ids, resolving callers", "_backends/redis", None),
+    ("reply handling: ids, resolving callers", "redis/", None),
+    ("reply handling: ids, resolving callers", "<method 'set_result'", None),
+    ("reply handling: ids, resolving callers", "<method 'decode'", None),
+    ("reply handling: ids, resolving callers", "<method 'split'", None),
+    ("socket and epoll system calls", "<method 'send' of", None),
+    ("socket and epoll system calls", "<method 'recv", None),
+    ("socket and epoll system calls", "<method 'poll'", None),
+    ("event loop: task wake-ups", "asyncio/", None),
+    ("event loop: task wake-ups", "<method 'run' of '_contextvars", None),
+    ("event loop: task wake-ups", "selectors.py", None),
+    ("benchmark's own loop", "publish_profile.py", None),
+)
+
+
+def _step(filename: str, function: str) -> str:
+    where = filename if filename != "~" else function
+    for step, fragment, functions in _STEPS:
+        if fragment in where and (functions is None or function in functions):
+            return step
+    return _OTHER
+
+
+_OTHER = "other"
+
+
+def breakdown(url: str, path: str, n: int) -> None:
+    """µs of CPU per message by step: a cProfile of one round, its shares scaled
+    to the CPU per message of an unprofiled round (the profiler slows small
+    Python calls more than C ones: the shares are approximate)."""
+    _, cpu, server = asyncio.run(one_round(url, path, n, None))
+    profiler = cProfile.Profile(time.process_time)  # CPU, not time spent waiting
+    asyncio.run(one_round(url, path, n, profiler))
+    stats: Any = pstats.Stats(profiler)
+    steps: dict[str, float] = {}
+    for (filename, _, function), (_, _, tottime, _, callers) in stats.stats.items():
+        step = _step(filename, function)
+        if step == _OTHER and callers:
+            # A builtin (len, a NamedTuple's __new__, bytes.join, ...): the step
+            # of whoever called it, shared by the time spent in it per caller.
+            spent = sum(row[2] for row in callers.values()) or 1.0
+            for (caller_file, _, caller), row in callers.items():
+                share = _step(caller_file, caller)
+                steps[share] = steps.get(share, 0.0) + tottime * row[2] / spent
+            continue
+        steps[step] = steps.get(step, 0.0) + tottime
+    total = sum(steps.values())
+    print(f"== {path}: {cpu:.2f} µs of CPU per message here, {server:.2f} µs in redis-server")
+    for step, seconds in sorted(steps.items(), key=lambda item: -item[1]):
+        print(f"  {step:<42} {seconds / total * cpu:6.2f} µs  ({seconds / total:4.0%})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", default="workers500,many100,many1000,many10000,pipelined")
@@ -231,6 +308,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, metavar="TOP", help="profile one round instead")
     parser.add_argument("--sort", default="tottime")
     parser.add_argument("--steps", action="store_true", help="time each step, no server")
+    parser.add_argument("--breakdown", action="store_true", help="CPU per message by step")
     args = parser.parse_args()
     if args.steps:
         for _ in range(args.rounds):
@@ -242,6 +320,9 @@ def main() -> None:
         sys.exit("redis-server not found")
     with servers.redis_server(redis_path) as url:
         for path in args.paths.split(","):
+            if args.breakdown:
+                breakdown(url, path, args.messages)
+                continue
             if args.profile:
                 profiler = cProfile.Profile()
                 rate, _, _ = asyncio.run(one_round(url, path, args.messages, profiler))
