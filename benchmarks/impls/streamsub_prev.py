@@ -122,3 +122,14 @@ class StreamsubBeforeAdaptive(StreamsubPrevious):
     name = "streamsub-fixed"
     commit: ClassVar[str] = "5c5fb4b"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubAdaptive(StreamsubPrevious):
+    """streamsub at ``5a2cd57``: adaptive publish batching, before the publish
+    path's Python per message was cut (runs, one write's ids in one reply,
+    publish() queueing without the publisher's coroutine): the "before" of that
+    work, measured in the same run."""
+
+    name = "streamsub-adaptive"
+    commit: ClassVar[str] = "5a2cd57"
+    _extracted: ClassVar[Path | None] = None

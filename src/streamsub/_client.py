@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
-from . import metrics, tracing
+from . import tracing
 from ._backends.base import (
     PARKED_CONSUMER,
     Backend,
@@ -25,7 +25,7 @@ from ._backends.base import (
     SubscriptionRecord,
     TopicRecord,
 )
-from ._core.codec import Encoded, encode
+from ._core.codec import Encoded, encode, encode_data
 from ._core.names import check_name
 from ._core.retention import DEFAULT_RETENTION_INTERVAL, Retention, RetentionResult
 from ._core.seek import SeekResult, Snapshot, is_snapshot_name
@@ -657,18 +657,31 @@ class Client:
         ``PublishFlowControl`` says.
         """
         self._check_open()
-        with tracing.publish_span(topic, 1):
-            attributes = tracing.inject(attributes)
-            encoded = encode(
-                data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes
-            )
+        if tracing.active():
+            with tracing.publish_span(topic, 1):
+                attributes = tracing.inject(attributes)
+                return await self._publish_one(topic, data, ordering_key, attributes)
+        return await self._publish_one(topic, data, ordering_key, attributes)
+
+    async def _publish_one(
+        self,
+        topic: str,
+        data: bytes,
+        ordering_key: str | None,
+        attributes: Mapping[str, str] | None,
+    ) -> str:
+        encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
+        publisher = self._publishers.get(topic)
+        if publisher is None or topic in self._handoffs:
             publisher = await self._publisher(topic)
-            try:
-                (message_id,) = await publisher.publish([encoded])
-            except TopicNotFoundError:
-                self._forget_publisher(publisher)
-                raise
-        metrics.on_published(topic)
+        try:
+            # Queued at once when flow control has room (no coroutine of the
+            # publisher's to run), else it waits for room in publish().
+            future = publisher.submit((encoded,))
+            (message_id,) = await (future if future is not None else publisher.publish((encoded,)))
+        except TopicNotFoundError:
+            self._forget_publisher(publisher)
+            raise
         return message_id
 
     async def publish_many(
@@ -679,19 +692,33 @@ class Client:
         control admits or refuses the call as a whole."""
         self._check_open()
         messages = list(messages)
-        with tracing.publish_span(topic, len(messages)):
-            ids = await self._publish_many(topic, messages)
-        metrics.on_published(topic, len(ids))
-        return ids
+        if tracing.active():
+            with tracing.publish_span(topic, len(messages)):
+                # The trace context of the publish span, the same for every message.
+                return await self._publish_many(topic, messages, tracing.inject({}))
+        return await self._publish_many(topic, messages, None)
 
-    async def _publish_many(self, topic: str, messages: list[OutgoingMessage | bytes]) -> list[str]:
+    async def _publish_many(
+        self,
+        topic: str,
+        messages: list[OutgoingMessage | bytes],
+        context: Mapping[str, str] | None,
+    ) -> list[str]:
         max_bytes = self._limits.max_message_bytes
-        # The trace context of the publish span, the same for every message.
-        context = tracing.inject({}) if tracing.ENABLED else None
         encoded: list[Encoded] = []
         for index, message in enumerate(messages):
             try:
-                if isinstance(message, OutgoingMessage):
+                if type(message) is bytes and not context:  # the common shapes first
+                    encoded.append(encode_data(message, max_bytes))
+                elif (
+                    type(message) is OutgoingMessage
+                    and type(message.data) is bytes
+                    and message.ordering_key is None
+                    and message.attributes is None
+                    and not context
+                ):
+                    encoded.append(encode_data(message.data, max_bytes))
+                elif isinstance(message, OutgoingMessage):
                     attributes = message.attributes
                     if context and tracing.can_carry(attributes):
                         attributes = {**(attributes or {}), **context}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamsub._core.batch import Batcher
 from streamsub._settings import BatchSettings
@@ -168,3 +170,54 @@ def test_free_below_must_be_positive() -> None:
     """A batcher whose writer is never free would send only on its timer: refused."""
     with pytest.raises(ValueError, match="free_below"):
         Batcher(BatchSettings(), free_below=0)
+
+
+def _one_at_a_time(b: Batcher[str], sizes: list[int]) -> int:
+    """How many of ``sizes`` join ``b``'s open batch added one by one, as the
+    publisher adds messages with ordering keys."""
+    taken = 0
+    for size in sizes:
+        if b.would_overflow(size):
+            break
+        taken += 1
+        if b.add(0, b"m", size, "m", now=0.0):
+            break
+    return taken
+
+
+@given(
+    max_messages=st.integers(1, 20),
+    max_bytes=st.integers(1, 400),
+    before=st.lists(st.integers(0, 150), max_size=10),
+    sizes=st.lists(st.integers(0, 150), min_size=1, max_size=40),
+    start=st.integers(0, 39),
+)
+def test_fitting_takes_what_adding_one_at_a_time_would(
+    max_messages: int, max_bytes: int, before: list[int], sizes: list[int], start: int
+) -> None:
+    """fitting, for a run of messages without keys, counts exactly the messages
+    that adding them one at a time would put in the open batch before it is
+    full or the next would overflow it, from any open batch."""
+    start = min(start, len(sizes) - 1)
+    runs = batcher(max_messages=max_messages, max_bytes=max_bytes)
+    single = batcher(max_messages=max_messages, max_bytes=max_bytes)
+    for b in (runs, single):
+        for size in before:
+            if b.would_overflow(size):
+                b.take()
+            if b.add(0, b"m", size, "m", now=0.0):
+                b.take()
+    fitting = runs.fitting(sizes, start, sum(sizes[start:]))
+    assert fitting == _one_at_a_time(single, sizes[start:])
+    if len(runs) == 0:
+        assert fitting >= 1, "an empty batch takes at least one message"
+
+
+def test_add_of_a_run_counts_its_messages() -> None:
+    """A run added as one entry counts as its messages and its bytes: the batch
+    is full when they reach a limit, and take hands the run back as one entry."""
+    b = batcher(max_messages=5, max_bytes=1000)
+    assert b.add(2, b"abc", 30, "run", now=0.0, count=3) is False
+    assert len(b) == 3
+    assert b.add(2, b"de", 20, "run2", now=0.0, count=2) is True
+    assert b.take() == {2: [(b"abc", "run"), (b"de", "run2")]}

@@ -7,10 +7,17 @@ message has waited ``max_latency``. A write in flight is the batching window:
 a lone publish goes out at once, and batches grow only while earlier ones are
 on their way; the time limit is a ceiling, never a floor. It groups messages by
 partition, since a write is one script call per partition.
+
+An entry may stand for a run of messages (``count`` of them, packed one after
+the other): a ``publish_many`` of messages without ordering keys joins the
+batch in as few entries as the batch limits allow (:meth:`Batcher.fitting`),
+so its Python cost per message is its encoding, not the batch's bookkeeping.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import islice
 from typing import Generic, TypeVar
 
 from .._settings import BatchSettings
@@ -20,7 +27,8 @@ __all__ = ["Batch", "Batcher"]
 T = TypeVar("T")
 
 Batch = dict[int, list[tuple[bytes, T]]]
-"""Partition -> its messages in publish order, each as (packed message, token)."""
+"""Partition -> its messages in publish order, each entry as (packed message or
+run of messages, token)."""
 
 
 class Batcher(Generic[T]):
@@ -45,8 +53,12 @@ class Batcher(Generic[T]):
         """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""
         return self._count > 0 and self._bytes + size > self._settings.max_bytes
 
-    def add(self, partition: int, packed: bytes, size: int, token: T, now: float) -> bool:
-        """Add a message; return True when the batch is full and must be taken now."""
+    def add(
+        self, partition: int, packed: bytes, size: int, token: T, now: float, count: int = 1
+    ) -> bool:
+        """Add a message (or a run of ``count`` messages of ``size`` bytes in all,
+        packed one after the other: as many as :meth:`fitting` said); return True
+        when the batch is full and must be taken now."""
         if self._count == 0:
             self._opened_at = now
         messages = self._open.get(partition)
@@ -54,10 +66,33 @@ class Batcher(Generic[T]):
             self._open[partition] = [(packed, token)]
         else:
             messages.append((packed, token))
-        self._count += 1
+        self._count += count
         self._bytes += size
         settings = self._settings
         return self._count >= settings.max_messages or self._bytes >= settings.max_bytes
+
+    def fitting(self, sizes: Sequence[int], start: int, rest: int) -> int:
+        """How many of the messages of ``sizes[start:]`` (``rest`` bytes in all)
+        join the open batch as one run, by the rules that :meth:`would_overflow`
+        and :meth:`add` apply one message at a time: up to the message limit,
+        and up to the one that makes the bytes reach ``max_bytes`` or the one
+        before that which would go past it. 0 when the first would overflow a
+        non-empty batch (take it first); at least 1 for an empty batch."""
+        settings = self._settings
+        room = min(settings.max_messages - self._count, len(sizes) - start)
+        if self._bytes + rest < settings.max_bytes:
+            return room  # the bytes cannot reach the limit: no need to look at each
+        total, count, max_bytes = self._bytes, self._count, settings.max_bytes
+        taken = 0
+        for size in islice(sizes, start, start + room):
+            if count and total + size > max_bytes:
+                break
+            total += size
+            count += 1
+            taken += 1
+            if total >= max_bytes:
+                break
+        return taken
 
     def deadline(self) -> float | None:
         """When the open batch must be taken at the latest, however busy the

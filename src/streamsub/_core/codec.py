@@ -25,6 +25,7 @@ __all__ = [
     "UndecodableEntry",
     "decode",
     "encode",
+    "encode_data",
     "size_of",
 ]
 
@@ -169,11 +170,25 @@ def encode(
             )
         )
     if size > max_bytes:
-        raise MessageTooLargeError(
-            f"message is {size} bytes (data, ordering key and attributes); the limit is "
-            f"{max_bytes}: split it, or raise Limits.max_message_bytes"
-        )
+        raise _too_large(size, max_bytes)
     return Encoded(packed, size, key)
+
+
+def encode_data(data: bytes, max_bytes: int) -> Encoded:
+    """:func:`encode` of a message that is ``bytes`` alone (no ordering key, no
+    attributes): the shape of most of a ``publish_many``, with nothing to check
+    but its size."""
+    size = len(data)
+    if size > max_bytes:
+        raise _too_large(size, max_bytes)
+    return Encoded(b"".join((_DATA_ONLY, _LEN.pack(size), data)), size, None)
+
+
+def _too_large(size: int, max_bytes: int) -> MessageTooLargeError:
+    return MessageTooLargeError(
+        f"message is {size} bytes (data, ordering key and attributes); the limit is "
+        f"{max_bytes}: split it, or raise Limits.max_message_bytes"
+    )
 
 
 def size_of(data: object, ordering_key: object = None, attributes: object = None) -> int:

@@ -27,10 +27,11 @@ __all__ = ["PausedKeys", "PublishBudget"]
 class PublishBudget:
     """Outstanding messages and bytes of one client, against its limits."""
 
-    __slots__ = ("_settings", "bytes", "messages")
+    __slots__ = ("_ignore", "_settings", "bytes", "messages")
 
     def __init__(self, settings: PublishFlowControl) -> None:
         self._settings = settings
+        self._ignore = settings.limit_exceeded_behavior is LimitExceededBehavior.IGNORE
         self.messages = 0
         self.bytes = 0
 
@@ -65,6 +66,22 @@ class PublishBudget:
             )
         return None
 
+    def try_take(self, messages: int, size: int) -> bool:
+        """:meth:`take` the call if it :meth:`fits`, in one step; return whether it did."""
+        settings = self._settings
+        if not (
+            self._ignore
+            or (self.messages == 0 and self.bytes == 0)
+            or (
+                self.messages + messages <= settings.message_limit
+                and self.bytes + size <= settings.byte_limit
+            )
+        ):
+            return False
+        self.messages += messages
+        self.bytes += size
+        return True
+
     def take(self, messages: int, size: int) -> None:
         """Count an admitted call as outstanding."""
         self.messages += messages
@@ -85,6 +102,11 @@ class PausedKeys:
 
     def __init__(self) -> None:
         self._paused: set[str] = set()
+
+    @property
+    def keys(self) -> set[str]:
+        """The paused keys (read only; empty, and false, when none is paused)."""
+        return self._paused
 
     def __len__(self) -> int:
         return len(self._paused)

@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from .. import metrics
 from .._backends.base import Backend, BrokenLinkError, Link, TopicRecord
 from .._core.batch import Batch, Batcher
 from .._core.codec import Encoded
@@ -101,6 +102,7 @@ class PublishGate:
 
     def __init__(self, settings: PublishFlowControl) -> None:
         self._budget = PublishBudget(settings)
+        self._error_over_limit = settings.limit_exceeded_behavior is LimitExceededBehavior.ERROR
         self._line: collections.deque[_Entry] = collections.deque()
         self._pause_watchers: list[Callable[[], None]] = []
 
@@ -119,6 +121,25 @@ class PublishGate:
         """Publish calls waiting for room (``BLOCK``)."""
         return len(self._line)
 
+    def try_take(self, messages: int, size: int) -> bool:
+        """Count a call as outstanding if it may go at once (False: it must wait,
+        with :meth:`acquire`); raise :class:`FlowControlLimitError` with ``ERROR``
+        when it goes past a limit."""
+        if self._error_over_limit:
+            self._refuse_over(messages, size)
+            self._budget.take(messages, size)
+            return True
+        return not self._line and self._budget.try_take(messages, size)
+
+    def _refuse_over(self, messages: int, size: int) -> None:
+        over = self._budget.over(messages, size)
+        if over is not None:
+            raise FlowControlLimitError(
+                f"publish refused by PublishFlowControl(limit_exceeded_behavior=ERROR) "
+                f"at its {over}; nothing of it was written: publish it again once "
+                "earlier publishes complete, or raise the limit"
+            )
+
     async def acquire(
         self,
         messages: int,
@@ -135,15 +156,8 @@ class PublishGate:
         :meth:`fail_paused`); it then takes nothing.
         """
         budget = self._budget
-        behavior = budget.settings.limit_exceeded_behavior
-        if behavior is LimitExceededBehavior.ERROR:
-            over = budget.over(messages, size)
-            if over is not None:
-                raise FlowControlLimitError(
-                    f"publish refused by PublishFlowControl(limit_exceeded_behavior=ERROR) "
-                    f"at its {over}; nothing of it was written: publish it again once "
-                    "earlier publishes complete, or raise the limit"
-                )
+        if self._error_over_limit:
+            self._refuse_over(messages, size)
         elif self._line or not budget.fits(messages, size):
             await self._wait(messages, size, topic, keys)
             return
@@ -215,8 +229,8 @@ class _Waiter:
 
     __slots__ = ("future", "ids", "missing")
 
-    def __init__(self, count: int) -> None:
-        self.future: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[list[str]] = loop.create_future()
         self.ids: list[str] = [""] * count
         self.missing = count
 
@@ -226,18 +240,32 @@ class _Waiter:
         if self.missing == 0 and not self.future.done():
             self.future.set_result(self.ids)
 
+    def resolve_run(self, index: int, message_ids: list[str]) -> None:
+        """The ids of the call's messages ``index``, ``index + 1``, ... at once."""
+        count = len(message_ids)
+        if count == len(self.ids):
+            self.ids = message_ids  # the whole call in one run: no copy
+        else:
+            self.ids[index : index + count] = message_ids
+        self.missing -= count
+        if self.missing == 0 and not self.future.done():
+            self.future.set_result(self.ids)
+
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(exc)
 
 
 class _Token(NamedTuple):
-    """One queued message: whose it is, and what the bookkeeping needs of it."""
+    """One queued message, or a run of ``length`` messages of one call without
+    ordering keys (packed one after the other, see ``_core/batch.py``): whose
+    they are, and what the bookkeeping needs of them (``size``: of them all)."""
 
     waiter: _Waiter
     position: int
     key: str | None
     size: int
+    length: int = 1
 
 
 class _Ready(NamedTuple):
@@ -277,6 +305,8 @@ class TopicPublisher:
         self._wake = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The flusher's loop, the loop of every publish while it runs."""
         # Links between writes (see the module docstring).
         self._writer = secrets.token_hex(8)
         self._writes = 0
@@ -319,6 +349,19 @@ class TopicPublisher:
         if key is not None:
             raise OrderingKeyPausedError(self._topic.name, key)
 
+    def submit(self, messages: Sequence[Encoded]) -> asyncio.Future[list[str]] | None:
+        """Queue ``messages`` (already checked) if flow control lets them in at
+        once, and return the future of their ids; None when the call must wait
+        for room (then :meth:`publish` it). Raises as :meth:`publish` does."""
+        if self._closed:
+            raise ClosedError("the publisher is closed; publish before closing the client")
+        if self._paused.keys:
+            self._check_paused(messages)
+        size = messages[0].size if len(messages) == 1 else sum([m.size for m in messages])
+        if not self._gate.try_take(len(messages), size):
+            return None
+        return self._enqueue(messages, size)
+
     async def publish(self, messages: Sequence[Encoded]) -> list[str]:
         """Queue ``messages`` (already checked) and return their ids once written.
 
@@ -326,10 +369,14 @@ class TopicPublisher:
         :class:`FlowControlLimitError` if the gate refuses them: in both cases
         nothing of the call is written.
         """
-        if self._closed:
-            raise ClosedError("the publisher is closed; publish before closing the client")
-        self._check_paused(messages)  # fails fast, without waiting for room
-        size = sum(message.size for message in messages)
+        future = self.submit(messages)
+        if future is None:
+            future = await self._submit_when_admitted(messages)
+        return await future
+
+    async def _submit_when_admitted(self, messages: Sequence[Encoded]) -> asyncio.Future[list[str]]:
+        """Wait in the gate's line for room, then queue ``messages``."""
+        size = sum([m.size for m in messages])
         self._entering += 1
         try:
             await self._gate.acquire(
@@ -346,24 +393,69 @@ class TopicPublisher:
         except OrderingKeyPausedError:
             self._gate.release(len(messages), size)
             raise
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        waiter = _Waiter(len(messages))
-        now = self._clock()
+        return self._enqueue(messages, size)
+
+    def _enqueue(self, messages: Sequence[Encoded], size: int) -> asyncio.Future[list[str]]:
+        """Add an admitted call's messages to the batch; the future of their ids."""
+        loop = self._loop
+        if loop is None or self._task is None or self._task.done():
+            loop = self._loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run())
+        count = len(messages)
+        waiter = _Waiter(count, loop)
         batcher = self._batcher
-        for index, message in enumerate(messages):
-            if batcher.would_overflow(message.size):
+        now = self._clock()
+        if count == 1:
+            message = messages[0]
+            if batcher.would_overflow(size):
                 self._close_batch()
-            partition = self._partition(message)
             self._open_messages += 1
-            self._open_bytes += message.size
-            token = _Token(waiter, index, message.ordering_key, message.size)
-            if batcher.add(partition, message.packed, message.size, token, now):
+            self._open_bytes += size
+            token = _Token(waiter, 0, message.ordering_key, size)
+            if batcher.add(self._partition(message), message.packed, size, token, now):
                 self._close_batch()
-        self._queued_messages += len(messages)
+        elif any(message.ordering_key is not None for message in messages):
+            for index, message in enumerate(messages):
+                if batcher.would_overflow(message.size):
+                    self._close_batch()
+                self._open_messages += 1
+                self._open_bytes += message.size
+                token = _Token(waiter, index, message.ordering_key, message.size)
+                if batcher.add(self._partition(message), message.packed, message.size, token, now):
+                    self._close_batch()
+        else:
+            self._enqueue_runs(messages, waiter, size, now)
+        self._queued_messages += count
         self._queued_bytes += size
         self._wake.set()
-        return await waiter.future
+        return waiter.future
+
+    def _enqueue_runs(
+        self, messages: Sequence[Encoded], waiter: _Waiter, size: int, now: float
+    ) -> None:
+        """Add messages without ordering keys to the sticky partition in runs, as
+        many at a time as the batch takes (see ``_core/batch.py``)."""
+        batcher = self._batcher
+        sizes = [message.size for message in messages]
+        start, rest = 0, size
+        while start < len(messages):
+            taken = batcher.fitting(sizes, start, rest)
+            if not taken:
+                self._close_batch()
+                continue
+            end = start + taken
+            if taken == len(messages):
+                run_size = size
+                packed = b"".join([message.packed for message in messages])
+            else:
+                run_size = sum(sizes[start:end])
+                packed = b"".join([message.packed for message in messages[start:end]])
+            self._open_messages += taken
+            self._open_bytes += run_size
+            token = _Token(waiter, start, None, run_size, taken)
+            if batcher.add(self._sticky.current, packed, run_size, token, now, taken):
+                self._close_batch()
+            start, rest = end, rest - run_size
 
     def _close_batch(self) -> None:
         self._ready.append(_Ready(self._batcher.take(), self._open_messages, self._open_bytes))
@@ -415,10 +507,10 @@ class TopicPublisher:
                         failed_keys.append(token.key)
                     else:
                         keep.append(entry)
-                        count += 1
+                        count += token.length
                         size += token.size
                         continue
-                    dropped += 1
+                    dropped += token.length
                     dropped_size += token.size
                 if keep:
                     batch[partition] = keep
@@ -543,6 +635,7 @@ class TopicPublisher:
             self._fail_batch(ready, self._unexpected(exc))
             raise
         failed_keys: list[str | None] = []
+        stored = 0
         for partition, messages in batch.items():
             result = results[partition]
             if isinstance(result, BrokenLinkError):  # behind a failed write: its error
@@ -556,8 +649,20 @@ class TopicPublisher:
                 failed_keys += self._fail(messages, result)
             else:
                 prefix = f"{partition}-"
-                for (_, token), entry_id in zip(messages, result, strict=True):
-                    token.waiter.resolve(token.position, prefix + entry_id)
+                if len(result) != sum([token.length for _, token in messages]):
+                    raise AssertionError(f"{len(result)} ids for a write to partition {partition}")
+                at = 0
+                for _, token in messages:
+                    if token.length == 1:
+                        token.waiter.resolve(token.position, prefix + result[at])
+                        at += 1
+                    else:
+                        ids = [prefix + entry_id for entry_id in result[at : at + token.length]]
+                        token.waiter.resolve_run(token.position, ids)
+                        at += token.length
+                stored += at
+        if stored:
+            metrics.on_published(self._topic.name, stored)
         self._gate.release(ready.messages, ready.size)
         if failed_keys:
             self._pause(failed_keys)

@@ -100,6 +100,15 @@ def _script(name: str, *helpers: str) -> str:
     return "".join(scripts.joinpath(part).read_text() for part in parts)
 
 
+def _without_comments(source: str) -> str:
+    """``source`` without its comment lines: sent with every EVAL, whose cost
+    at the server (reading it, hashing it to find the compiled script) grows
+    with its length."""
+    return "".join(
+        line for line in source.splitlines(keepends=True) if not line.lstrip().startswith("--")
+    )
+
+
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
 
 
@@ -288,6 +297,7 @@ class RedisBackend:
         self._redis: Any = self._open(url, options, socket_timeout, max_connections)
         self._socket_timeout = float(socket_timeout)
         self._append = _Script(_script("append.lua"))
+        self._append_source = _without_comments(self._append.source)
         self._appender = self._in_order(socket_timeout)
         self._create_record = _Script(_script("create_record.lua"))
         self._ack = _Script(_script("ack.lua"))
@@ -768,7 +778,7 @@ class RedisBackend:
         # EVAL, not EVALSHA: commands are in flight behind each other, and a
         # NOSCRIPT retry would let a later batch overtake an earlier one.
         keys = self._keys(topic)
-        source = self._append.source
+        source = self._append_source
         partitions = list(batch)
         commands: list[tuple[Any, ...]] = []
         for p in partitions:
@@ -793,7 +803,7 @@ class RedisBackend:
             if isinstance(reply, Exception):
                 results[p] = self._translated(reply)
             else:
-                results[p] = [i.decode() for i in reply]
+                results[p] = reply.decode().split()  # append.lua's ids, space-separated
         # Each node's confirmation judges what that node stored, and only that:
         # on a cluster, a master left without a replica fails its partitions'
         # writes, not those the other masters' replicas confirmed.

@@ -50,6 +50,30 @@ async def take_connection(pool: Any) -> Any:
     return await pool.get_connection()
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _send(connection: Any, packed: list[bytes]) -> None:
+    """Write ``packed`` to ``connection``'s socket.
+
+    Straight to its stream writer when it has one: redis-py's
+    ``send_packed_command`` runs the write under ``asyncio.wait_for``, which
+    on Python 3.11 wraps it in a task of its own, two more trips through the
+    event loop for every write; the caller's deadline already bounds it.
+    """
+    writer = getattr(connection, "_writer", None)
+    if writer is None:  # not connected, or a redis-py without one
+        await connection.send_packed_command(packed, check_health=False)
+        return
+    try:
+        writer.writelines(packed)
+        await writer.drain()
+    except OSError as exc:
+        raise rexc.ConnectionError(f"Error while writing to socket: {exc}") from exc
+
+
 class InOrderConnection:
     """One connection of ``client``'s pool, dedicated to in-order pipelining.
 
@@ -95,7 +119,19 @@ class InOrderConnection:
         replies (an error reply as the exception, in its place), and with
         ``confirm`` the reply of the confirmation that covers them, last."""
         futures = await self.send_many(commands, confirm)
-        return await asyncio.gather(*futures, return_exceptions=True)
+        # Awaited in turn, not gathered: the replies come in this order, and a
+        # gather would cost the caller another trip through the event loop.
+        replies: list[Any] = []
+        for index, future in enumerate(futures):
+            try:
+                replies.append(await future)
+            except Exception as exc:
+                replies.append(exc)
+            except BaseException:  # cancelled: nobody will read the others' errors
+                for rest in futures[index + 1 :]:
+                    rest.add_done_callback(_retrieved)
+                raise
+        return replies
 
     async def send_many(
         self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
@@ -133,9 +169,7 @@ class InOrderConnection:
                 if confirmation is not None and confirmed is not None:
                     self._confirm_with(confirmation, [confirmed])
                 try:
-                    await connection.send_packed_command(
-                        connection.pack_commands(sent), check_health=False
-                    )
+                    await _send(connection, connection.pack_commands(sent))
                 except BaseException as exc:
                     await self._broken(connection, exc)
                     raise
@@ -199,9 +233,7 @@ class InOrderConnection:
             self._waiting.append((confirmation, loop.time() + self._timeout))
             self._confirm_with(confirmation, group)
             try:
-                await connection.send_packed_command(
-                    connection.pack_commands([command]), check_health=False
-                )
+                await _send(connection, connection.pack_commands([command]))
             except BaseException as exc:
                 await self._broken(connection, exc)
                 if not isinstance(exc, Exception):

@@ -1,0 +1,155 @@
+"""publish_many of messages without ordering keys joins batches in runs: the
+batch limits, the ids and the stored messages are as if added one by one.
+
+The recording backend is a real backend on the test server with ``append``
+wrapped; Redis itself is not imitated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import redis
+
+import streamsub
+from streamsub import metrics
+from streamsub._backends.base import Link, TopicRecord
+from streamsub._core.codec import encode, unpack_fields
+from streamsub._engine.publisher import TopicPublisher
+from streamsub._errors import StreamsubError
+from streamsub.testing import RedisServer
+from tests._layout import TEST_BACKEND, stream_key
+
+
+class _Recording(TEST_BACKEND):
+    """Records, per write, each partition's messages as (data, ordering key)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.writes: list[dict[int, list[tuple[bytes, bytes | None]]]] = []
+
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
+        write: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        for partition, packed in batch.items():
+            fields = unpack_fields(packed)
+            messages = write[partition] = []
+            # Every message here is data (d) and maybe a key (k): split at each "d".
+            for i in range(0, len(fields), 2):
+                if fields[i] == b"d":
+                    messages.append((fields[i + 1], None))
+                elif fields[i] == b"k":
+                    messages[-1] = (messages[-1][0], fields[i + 1])
+        self.writes.append(write)
+        return await super().append(topic, batch, links)
+
+
+def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> dict[str, bytes]:
+    """Every message of ``topic`` by its id (``<partition>-<entry id>``)."""
+    stored = {}
+    for partition in range(partitions):
+        for entry_id, fields in redis_client.xrange(stream_key(redis_client, topic, partition)):
+            stored[f"{partition}-{entry_id.decode()}"] = fields[b"d"]
+    return stored
+
+
+async def test_publish_many_in_runs_keeps_batch_limits_ids_and_order(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Eight concurrent publish_many calls of 10 to 300 messages without keys,
+    with batches of at most 37 messages and 2,000 bytes (sizes 0 to 120 bytes):
+    every write keeps both limits (only a write of one message may be larger
+    than max_bytes), each call gets back the id of each of its messages in order
+    (the stored message under that id is the one published), every message is
+    stored exactly once, each call's messages are stored in call order, and the
+    published counter counts them all."""
+    redis_client.flushall()
+    metrics.reset()
+    backend = _Recording(server.url)
+    settings = streamsub.BatchSettings(max_messages=37, max_bytes=2000, max_latency=0.01)
+    calls = [
+        [f"c{c}:{i}:".encode().ljust((c * 7 + i * 13) % 121, b"x") for i in range(count)]
+        for c, count in enumerate([10, 300, 37, 38, 150, 1, 299, 74])
+    ]
+    try:
+        topic = await backend.create_topic(TopicRecord("runs", 4, "", 0.0))
+        publisher = TopicPublisher(backend, topic, settings)
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(
+                    publisher.publish([encode(data, max_bytes=2**20) for data in call])
+                    for call in calls
+                )
+            )
+        await publisher.aclose()
+    finally:
+        await backend.close()
+
+    for write in backend.writes:
+        messages = [data for partition in write.values() for data, _ in partition]
+        assert 1 <= len(messages) <= settings.max_messages
+        size = sum(len(data) for data in messages)
+        assert size <= settings.max_bytes or len(messages) == 1, f"{size} bytes in a write"
+    stored = _stored(redis_client, "runs", 4)
+    assert len(stored) == sum(len(call) for call in calls)
+    for call, ids in zip(calls, results, strict=True):
+        assert len(ids) == len(call)
+        assert [stored[message_id] for message_id in ids] == call
+        # The call's messages in publish order: ids grow within each partition.
+        by_partition: dict[str, list[str]] = {}
+        for message_id in ids:
+            partition, entry = message_id.split("-", 1)
+            by_partition.setdefault(partition, []).append(entry)
+        for entries in by_partition.values():
+            assert entries == sorted(entries, key=lambda e: tuple(map(int, e.split("-"))))
+    assert metrics.snapshot()["published"]["runs"] == len(stored)
+
+
+async def test_publish_many_mixes_runs_and_keyed_messages_in_one_batch(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Calls without keys (runs), calls with keys and single publishes made at
+    once, with empty data among them, land in shared batches: every id names
+    the message published, and each ordering key's messages are stored in
+    publish order."""
+    redis_client.flushall()
+    keys = [f"k{i}" for i in range(5)]
+    async with streamsub.connect(server.url) as client:
+        await client.create_topic("mixed", partitions=3)
+        plain = [[f"p{c}:{i}".encode() for i in range(200)] + [b""] for c in range(3)]
+        keyed = [
+            [
+                streamsub.OutgoingMessage(data=f"k{c}:{i}".encode(), ordering_key=keys[i % 5])
+                for i in range(100)
+            ]
+            for c in range(2)
+        ]
+        singles = [f"s{i}".encode() for i in range(50)]
+        async with asyncio.timeout(30):
+            results = await asyncio.gather(
+                *(client.publish_many("mixed", call) for call in plain),
+                *(client.publish_many("mixed", call) for call in keyed),
+                *(client.publish("mixed", data) for data in singles),
+            )
+    stored = _stored(redis_client, "mixed", 3)
+    expected = [*plain, *[[m.data for m in call] for call in keyed], *([d] for d in singles)]
+    ids = [*results[:5], *([message_id] for message_id in results[5:])]
+    assert len(stored) == sum(len(call) for call in expected)
+    for call, call_ids in zip(expected, ids, strict=True):
+        assert [stored[message_id] for message_id in call_ids] == call
+    for key in keys:
+        # Each key's messages, from both keyed calls, in publish order per call.
+        for c in range(2):
+            key_ids = [
+                message_id
+                for message, message_id in zip(keyed[c], results[3 + c], strict=True)
+                if message.ordering_key == key
+            ]
+            entries = [tuple(map(int, i.split("-", 1)[1].split("-"))) for i in key_ids]
+            assert len({i.split("-", 1)[0] for i in key_ids}) == 1, "a key on two partitions"
+            assert entries == sorted(entries)
