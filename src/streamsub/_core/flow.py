@@ -215,6 +215,17 @@ class FlowController(Generic[T]):
             return []
         return self._admit()
 
+    def finished_many(self, count: int, size: int) -> list[T]:
+        """``count`` running messages of ``size`` bytes in all are done; return
+        messages that start now (as many :meth:`finished` calls)."""
+        self._outstanding -= count
+        self._outstanding_bytes -= size
+        self._running -= count
+        self._running_bytes -= size
+        if not self._hold:
+            return []
+        return self._admit()
+
     def take_from_hold(self, chosen: Callable[[T], bool]) -> list[T]:
         """Take the messages on hold that are ``chosen`` (to give them back); they
         stay outstanding until ``finished(started=False)``."""

@@ -164,6 +164,30 @@ class Inventory:
             self._start(admitted)
         return True
 
+    def settle_many(self, messages: list[Message]) -> list[Message]:
+        """:meth:`settle` each of ``messages``, all started, as done (acked); return
+        those that were held. One pass, one flow-control update: the messages of
+        the handlers that returned in one turn of the loop."""
+        if self.order is not None:  # each may let its key's next one start
+            return [m for m in messages if self.settle(m)]
+        held, settling = self.held, self.settling
+        settled: list[Message] = []
+        size = 0
+        for message in messages:
+            key = (message._partition, message._entry_id)
+            if held.get(key) is not message:
+                continue
+            del held[key]
+            settling.add(key)  # its lease stays until the server has the outcome
+            settled.append(message)
+            size += message._size
+        if settled:
+            admitted = self.flow.finished_many(len(settled), size)
+            self._room.set()
+            if admitted:
+                self._start(admitted)
+        return settled
+
     def withdraw(self, message: Message) -> list[Message] | None:
         """Take out ``message``, which flow control let start but no handler saw
         (its partition is no longer ours), as given back: its key, on an ordered
