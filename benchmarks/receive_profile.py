@@ -9,6 +9,8 @@ the last ack seen by the server:
 
 * its CPU time (``time.process_time``, user + system) divided by n: the CPU
   microseconds one message costs;
+* the time its event loop waited in ``epoll`` with nothing to run (for Redis's
+  replies, or for the publisher), per message;
 * a CPU-time sampling profile: ``setitimer(ITIMER_PROF)`` raises ``SIGPROF``
   after every ``--interval`` of CPU the process uses, and the handler counts
   the Python stack it interrupted. Time the process spends preempted or
@@ -29,7 +31,10 @@ Usage::
     .venv/bin/python benchmarks/receive_profile.py --messages 100000 --rounds 3
 
 ``--stacks DIR`` keeps each round's collapsed stacks (``frame;frame;... count``,
-for flamegraph.pl or speedscope).
+for flamegraph.pl or speedscope). ``--compare REV`` runs the consumer on the
+streamsub of another git revision too (``git archive``, as ``streamsub-0.1``
+does), its rounds interleaved with this tree's, the publisher always this
+tree's: a before and after from one run.
 """
 
 from __future__ import annotations
@@ -150,7 +155,37 @@ class CpuSampler:
         signal.signal(signal.SIGPROF, signal.SIG_DFL)
 
 
-def _consumer(url: str, n: int, interval: float, ready: Any, results: Any) -> None:
+class _IdleMeter:
+    """Adds up the time the event loop waits in ``epoll`` with nothing to run:
+    the consumer waiting for Redis (or for the publisher)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.seconds = 0.0
+        self._selector = loop._selector  # type: ignore[attr-defined]
+        self._select = self._selector.select
+        self._selector.select = self._timed
+
+    def _timed(self, timeout: float | None = None) -> Any:
+        if timeout == 0:
+            return self._select(timeout)
+        began = time.perf_counter()
+        try:
+            return self._select(timeout)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def stop(self) -> None:
+        self._selector.select = self._select
+
+
+def _consumer(url: str, n: int, interval: float, ready: Any, results: Any, src: str | None) -> None:
+    if src is not None:  # before anything imports streamsub
+        sys.path.insert(0, src)
+    import streamsub
+
+    if not os.path.realpath(streamsub.__file__).startswith(os.path.realpath(sys.path[0])):
+        results.put(("error", f"imported {streamsub.__file__}, not the code under test"))
+        return
     try:
         results.put(("ok", asyncio.run(_consume(url, n, interval, ready))))
     except BaseException as exc:
@@ -159,7 +194,7 @@ def _consumer(url: str, n: int, interval: float, ready: Any, results: Any) -> No
 
 async def _consume(
     url: str, n: int, interval: float, ready: Any
-) -> tuple[float, float, collections.Counter[str]]:
+) -> tuple[float, float, float, collections.Counter[str]]:
     import streamsub
 
     receiver = Receiver(n)
@@ -178,6 +213,7 @@ async def _consume(
                 flow_control=streamsub.FlowControl(max_messages=MAX_OUTSTANDING),
             ),
         ):
+            idle = _IdleMeter(asyncio.get_running_loop())
             cpu, wall = time.process_time(), time.perf_counter()
             if interval > 0:
                 sampler.start()
@@ -185,7 +221,9 @@ async def _consume(
             await receiver.done.wait()
             await wait_until_all_acked(watcher)
             sampler.stop()
-            return time.process_time() - cpu, time.perf_counter() - wall, sampler.stacks
+            idle.stop()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            return cpu, wall, idle.seconds, sampler.stacks
     finally:
         await watcher.aclose()
 
@@ -195,13 +233,14 @@ def _publisher(url: str, n: int, size: int) -> None:
 
 
 def one_round(
-    url: str, n: int, size: int, interval: float
-) -> tuple[float, float, collections.Counter[str]]:
-    """Run one round; return (CPU s, wall s, samples per stack)."""
+    url: str, n: int, size: int, interval: float, src: str
+) -> tuple[float, float, float, collections.Counter[str]]:
+    """Run one round, the consumer running the streamsub in ``src``; return (CPU s,
+    wall s, idle s, samples per stack)."""
     redis.Redis.from_url(url).flushall()
     asyncio.run(Streamsub(Env(redis_url=url)).setup())
     ready, results = _SPAWN.Event(), _SPAWN.Queue()
-    consumer = _SPAWN.Process(target=_consumer, args=(url, n, interval, ready, results))
+    consumer = _SPAWN.Process(target=_consumer, args=(url, n, interval, ready, results, src))
     consumer.start()
     if not ready.wait(60):
         consumer.kill()
@@ -213,8 +252,8 @@ def one_round(
     consumer.join(30)
     if status != "ok":
         raise RuntimeError(f"consumer failed: {value}")
-    cpu, wall, stacks = value
-    return cpu, wall, stacks
+    cpu, wall, idle, stacks = value
+    return cpu, wall, idle, stacks
 
 
 def breakdown(stacks: collections.Counter[str]) -> dict[str, float]:
@@ -235,32 +274,55 @@ def main(argv: list[str] | None = None) -> int:
         "--interval", type=float, default=0.0005, help="CPU seconds between samples (0: none)"
     )
     parser.add_argument("--stacks", type=Path, help="keep each round's collapsed stacks here")
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="also run the consumer on the streamsub of git revision REV, rounds interleaved",
+    )
     args = parser.parse_args(argv)
     redis_path = servers.find_binary("redis-server")
     if redis_path is None:
         print("redis-server not found", file=sys.stderr)
         return 2
     n = args.messages
-    rounds: list[tuple[float, dict[str, float]]] = []
+    codes = {"this tree": str(HERE.parent / "src")}
+    if args.compare:
+        from impls.streamsub_prev import REPO_ROOT, extract
+
+        codes = {args.compare: str(extract(args.compare, REPO_ROOT)), **codes}
+    rounds: dict[str, list[tuple[float, dict[str, float]]]] = {code: [] for code in codes}
+    waits: dict[str, list[tuple[float, float]]] = {code: [] for code in codes}
     with servers.redis_server(redis_path) as url:
         for r in range(args.rounds):
-            cpu, wall, stacks = one_round(url, n, args.size, args.interval)
-            if args.stacks:
-                args.stacks.mkdir(parents=True, exist_ok=True)
-                lines = (f"{stack} {count}\n" for stack, count in stacks.most_common())
-                (args.stacks / f"round{r + 1}.txt").write_text("".join(lines))
-            rounds.append((cpu * 1e6 / n, breakdown(stacks)))
-            print(
-                f"round {r + 1}: {n / wall:,.0f} msgs/s, CPU {cpu * 1e6 / n:.2f} us/msg, "
-                f"{sum(stacks.values())} samples, load {os.getloadavg()[0]:.2f}"
-            )
-    us = statistics.median(cpu for cpu, _ in rounds)
-    names = {part for _, shares in rounds for part in shares}
-    share = {p: statistics.median(s.get(p, 0.0) for _, s in rounds) for p in names}
-    print(f"\nconsumer CPU per message, median of {len(rounds)} rounds: {us:.2f} us")
-    print("| part | share of samples | us per message |\n|---|---:|---:|")
-    for part in sorted(names, key=lambda p: -share[p]):
-        print(f"| {part} | {share[part]:.1%} | {share[part] * us:.2f} |")
+            order = list(codes) if r % 2 == 0 else list(reversed(codes))
+            for code in order:
+                cpu, wall, idle, stacks = one_round(url, n, args.size, args.interval, codes[code])
+                if args.stacks:
+                    args.stacks.mkdir(parents=True, exist_ok=True)
+                    lines = (f"{stack} {count}\n" for stack, count in stacks.most_common())
+                    name = "".join(c if c.isalnum() else "-" for c in code)
+                    (args.stacks / f"{name}-round{r + 1}.txt").write_text("".join(lines))
+                rounds[code].append((cpu * 1e6 / n, breakdown(stacks)))
+                waits[code].append((wall * 1e6 / n, idle * 1e6 / n))
+                print(
+                    f"round {r + 1} {code}: {n / wall:,.0f} msgs/s, per message: CPU "
+                    f"{cpu * 1e6 / n:.2f} us, wall {wall * 1e6 / n:.2f} us, loop idle "
+                    f"{idle * 1e6 / n:.2f} us; {sum(stacks.values())} samples, "
+                    f"load {os.getloadavg()[0]:.2f}"
+                )
+    for code, results in rounds.items():
+        us = statistics.median(cpu for cpu, _ in results)
+        names = {part for _, shares in results for part in shares}
+        share = {p: statistics.median(s.get(p, 0.0) for _, s in results) for p in names}
+        wall = statistics.median(w for w, _ in waits[code])
+        idle = statistics.median(i for _, i in waits[code])
+        print(
+            f"\n{code}, medians of {len(results)} rounds, per message: consumer CPU {us:.2f} us, "
+            f"wall {wall:.2f} us, event loop idle {idle:.2f} us"
+        )
+        print("| part | share of samples | us per message |\n|---|---:|---:|")
+        for part in sorted(names, key=lambda p: -share[p]):
+            print(f"| {part} | {share[part]:.1%} | {share[part] * us:.2f} |")
     return 0
 
 

@@ -251,12 +251,15 @@ class Inventory:
 
     def sent(self, partition: int, entry_ids: Iterable[str]) -> None:
         """The server has the outcome of these entries: their leases end."""
+        settling, held = self.settling, self.held
+        ended = []
         for entry_id in entry_ids:
             key = (partition, entry_id)
-            if key in self.settling:
-                self.settling.discard(key)
-                if key not in self.held:  # not delivered again meanwhile
-                    self.leases.remove(key)
+            if key in settling:
+                settling.remove(key)
+                if key not in held:  # not delivered again meanwhile
+                    ended.append(key)
+        self.leases.remove_many(ended)
 
     def forget_settling(self) -> None:
         """Outcomes that will never be sent (shutdown with the server gone)."""

@@ -102,13 +102,6 @@ class Dispatcher:
             message._started = True
             tasks[message] = make(run(message))
 
-    def _returned_one(self, message: Message, seconds: float) -> None:
-        """A handler returned: report it with the others of this turn."""
-        if not self._returned:
-            asyncio.get_running_loop().call_soon(self.report)
-        self._returned.append(message)
-        self._seconds.append(seconds)
-
     def report(self) -> None:
         """Report the handlers that returned and are not reported yet."""
         returned, self._returned = self._returned, []
@@ -117,9 +110,29 @@ class Dispatcher:
             self._handled(returned)
             metrics.observe_handler_latencies(self._subscription, seconds)
 
-    def _failed(self, message: Message, exc: BaseException, seconds: float) -> None:
+    def _returned_one(self, message: Message, started: float) -> None:
+        """A handler returned: report it with the others that return in this turn."""
+        seconds = time.perf_counter() - started
+        del self._tasks[message]
+        if not self._returned:  # the first of this turn: report at its end
+            asyncio.get_running_loop().call_soon(self.report)
+        self._returned.append(message)
+        self._seconds.append(seconds)
+
+    def _raised(self, message: Message, exc: BaseException, started: float) -> bool:
+        """A handler raised: report it now. Return True when the task must raise it
+        on: a cancellation from outside (shutdown), or a BaseException that is not
+        an Exception."""
+        seconds = time.perf_counter() - started
+        del self._tasks[message]
+        if isinstance(exc, asyncio.CancelledError):
+            if _cancelled_by_owner():
+                return True
+        elif not isinstance(exc, Exception):
+            return True
         self._done(message, exc)
         metrics.observe_handler_latency(self._subscription, seconds)
+        return False
 
     async def _run_async(self, message: Message) -> None:
         # The task takes itself out of the table as it ends: cheaper than a done
@@ -127,34 +140,22 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             await self._handler(message)  # type: ignore[misc]
-        except asyncio.CancelledError as exc:
-            self._tasks.pop(message, None)
-            if _cancelled_by_owner():
+        except BaseException as exc:
+            if self._raised(message, exc, started):
                 raise
-            self._failed(message, exc, time.perf_counter() - started)
-        except Exception as exc:
-            self._tasks.pop(message, None)
-            self._failed(message, exc, time.perf_counter() - started)
         else:
-            self._tasks.pop(message, None)
-            self._returned_one(message, time.perf_counter() - started)
+            self._returned_one(message, started)
 
     async def _run_traced(self, message: Message) -> None:
         started = time.perf_counter()
         try:
             with tracing.handling_span(message, self._subscription):
                 await self._handler(message)  # type: ignore[misc]
-        except asyncio.CancelledError as exc:
-            self._tasks.pop(message, None)
-            if _cancelled_by_owner():
+        except BaseException as exc:
+            if self._raised(message, exc, started):
                 raise
-            self._failed(message, exc, time.perf_counter() - started)
-        except Exception as exc:
-            self._tasks.pop(message, None)
-            self._failed(message, exc, time.perf_counter() - started)
         else:
-            self._tasks.pop(message, None)
-            self._returned_one(message, time.perf_counter() - started)
+            self._returned_one(message, started)
 
     async def _run_sync(self, message: Message) -> None:
         if self._executor is None:
@@ -172,17 +173,11 @@ class Dispatcher:
                 result = await self._in_thread(message)
                 if inspect.isawaitable(result):
                     await result
-        except asyncio.CancelledError as exc:
-            self._tasks.pop(message, None)
-            if _cancelled_by_owner():
+        except BaseException as exc:
+            if self._raised(message, exc, started):
                 raise
-            self._failed(message, exc, time.perf_counter() - started)
-        except Exception as exc:
-            self._tasks.pop(message, None)
-            self._failed(message, exc, time.perf_counter() - started)
         else:
-            self._tasks.pop(message, None)
-            self._returned_one(message, time.perf_counter() - started)
+            self._returned_one(message, started)
 
     async def _in_thread(self, message: Message) -> object:
         """Call the handler in the pool, in a copy of the current context (its span)."""

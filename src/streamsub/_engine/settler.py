@@ -407,7 +407,7 @@ class Settler:
         is the entry id's milliseconds)."""
         now_ms = time.time() * 1000
         seconds = [
-            (now_ms - int(entry_id[: entry_id.index("-")])) / 1000
+            (now_ms - int(entry_id.partition("-")[0])) / 1000
             for entry_ids in acks.values()
             for entry_id in entry_ids
         ]
