@@ -9,6 +9,8 @@ the last ack seen by the server:
 
 * its CPU time (``time.process_time``, user + system) divided by n: the CPU
   microseconds one message costs;
+* the time the garbage collector ran, per message (its samples are in the
+  profile too, under whatever allocated when a collection began);
 * the time its event loop waited in ``epoll`` with nothing to run (for Redis's
   replies, or for the publisher), per message;
 * a CPU-time sampling profile: ``setitimer(ITIMER_PROF)`` raises ``SIGPROF``
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import multiprocessing
 import os
 import signal
@@ -178,6 +181,26 @@ class _IdleMeter:
         self._selector.select = self._select
 
 
+class _GcMeter:
+    """Adds up the time the garbage collector runs (its collections, per generation)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.counts = [0, 0, 0]
+        self._began = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._began
+            self.counts[info["generation"]] += 1
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def _consumer(url: str, n: int, interval: float, ready: Any, results: Any, src: str | None) -> None:
     if src is not None:  # before anything imports streamsub
         sys.path.insert(0, src)
@@ -194,7 +217,7 @@ def _consumer(url: str, n: int, interval: float, ready: Any, results: Any, src: 
 
 async def _consume(
     url: str, n: int, interval: float, ready: Any
-) -> tuple[float, float, float, collections.Counter[str]]:
+) -> tuple[float, float, float, list[float], collections.Counter[str]]:
     import streamsub
 
     receiver = Receiver(n)
@@ -213,7 +236,7 @@ async def _consume(
                 flow_control=streamsub.FlowControl(max_messages=MAX_OUTSTANDING),
             ),
         ):
-            idle = _IdleMeter(asyncio.get_running_loop())
+            idle, collector = _IdleMeter(asyncio.get_running_loop()), _GcMeter()
             cpu, wall = time.process_time(), time.perf_counter()
             if interval > 0:
                 sampler.start()
@@ -222,8 +245,13 @@ async def _consume(
             await wait_until_all_acked(watcher)
             sampler.stop()
             idle.stop()
+            collector.stop()
+            print(
+                f"  garbage collections per generation: {collector.counts}, "
+                f"objects tracked at the end: {len(gc.get_objects()):,}"
+            )
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            return cpu, wall, idle.seconds, sampler.stacks
+            return cpu, wall, idle.seconds, collector.seconds, sampler.stacks
     finally:
         await watcher.aclose()
 
@@ -234,9 +262,9 @@ def _publisher(url: str, n: int, size: int) -> None:
 
 def one_round(
     url: str, n: int, size: int, interval: float, src: str
-) -> tuple[float, float, float, collections.Counter[str]]:
+) -> tuple[float, float, float, list[float], collections.Counter[str]]:
     """Run one round, the consumer running the streamsub in ``src``; return (CPU s,
-    wall s, idle s, samples per stack)."""
+    wall s, idle s, garbage collection s per generation, samples per stack)."""
     redis.Redis.from_url(url).flushall()
     asyncio.run(Streamsub(Env(redis_url=url)).setup())
     ready, results = _SPAWN.Event(), _SPAWN.Queue()
@@ -252,8 +280,8 @@ def one_round(
     consumer.join(30)
     if status != "ok":
         raise RuntimeError(f"consumer failed: {value}")
-    cpu, wall, idle, stacks = value
-    return cpu, wall, idle, stacks
+    cpu, wall, idle, collecting, stacks = value
+    return cpu, wall, idle, collecting, stacks
 
 
 def breakdown(stacks: collections.Counter[str]) -> dict[str, float]:
@@ -291,34 +319,40 @@ def main(argv: list[str] | None = None) -> int:
 
         codes = {args.compare: str(extract(args.compare, REPO_ROOT)), **codes}
     rounds: dict[str, list[tuple[float, dict[str, float]]]] = {code: [] for code in codes}
-    waits: dict[str, list[tuple[float, float]]] = {code: [] for code in codes}
+    waits: dict[str, list[tuple[float, float, float]]] = {code: [] for code in codes}
     with servers.redis_server(redis_path) as url:
         for r in range(args.rounds):
             order = list(codes) if r % 2 == 0 else list(reversed(codes))
             for code in order:
-                cpu, wall, idle, stacks = one_round(url, n, args.size, args.interval, codes[code])
+                cpu, wall, idle, collecting, stacks = one_round(
+                    url, n, args.size, args.interval, codes[code]
+                )
                 if args.stacks:
                     args.stacks.mkdir(parents=True, exist_ok=True)
                     lines = (f"{stack} {count}\n" for stack, count in stacks.most_common())
                     name = "".join(c if c.isalnum() else "-" for c in code)
                     (args.stacks / f"{name}-round{r + 1}.txt").write_text("".join(lines))
                 rounds[code].append((cpu * 1e6 / n, breakdown(stacks)))
-                waits[code].append((wall * 1e6 / n, idle * 1e6 / n))
+                waits[code].append((wall * 1e6 / n, idle * 1e6 / n, sum(collecting) * 1e6 / n))
                 print(
                     f"round {r + 1} {code}: {n / wall:,.0f} msgs/s, per message: CPU "
                     f"{cpu * 1e6 / n:.2f} us, wall {wall * 1e6 / n:.2f} us, loop idle "
-                    f"{idle * 1e6 / n:.2f} us; {sum(stacks.values())} samples, "
+                    f"{idle * 1e6 / n:.2f} us, garbage collection "
+                    f"{'/'.join(f'{g * 1e6 / n:.2f}' for g in collecting)} us (generations "
+                    f"0/1/2); {sum(stacks.values())} samples, "
                     f"load {os.getloadavg()[0]:.2f}"
                 )
     for code, results in rounds.items():
         us = statistics.median(cpu for cpu, _ in results)
         names = {part for _, shares in results for part in shares}
         share = {p: statistics.median(s.get(p, 0.0) for _, s in results) for p in names}
-        wall = statistics.median(w for w, _ in waits[code])
-        idle = statistics.median(i for _, i in waits[code])
+        wall = statistics.median(w for w, _, _ in waits[code])
+        idle = statistics.median(i for _, i, _ in waits[code])
+        collecting = statistics.median(c for _, _, c in waits[code])
         print(
             f"\n{code}, medians of {len(results)} rounds, per message: consumer CPU {us:.2f} us, "
-            f"wall {wall:.2f} us, event loop idle {idle:.2f} us"
+            f"wall {wall:.2f} us, event loop idle {idle:.2f} us, garbage collection "
+            f"{collecting:.2f} us (wall, in the CPU parts below)"
         )
         print("| part | share of samples | us per message |\n|---|---:|---:|")
         for part in sorted(names, key=lambda p: -share[p]):

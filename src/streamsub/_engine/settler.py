@@ -406,11 +406,14 @@ class Settler:
         """Report acks the server took, with their end-to-end latency (publish time
         is the entry id's milliseconds)."""
         now_ms = time.time() * 1000
-        seconds = [
-            (now_ms - int(entry_id.partition("-")[0])) / 1000
-            for entry_ids in acks.values()
-            for entry_id in entry_ids
-        ]
+        seconds: list[float] = []
+        ms, latency = "", 0.0
+        for entry_ids in acks.values():
+            for entry_id in entry_ids:
+                published = entry_id.partition("-")[0]
+                if published != ms:  # a batch's ids share few milliseconds
+                    ms, latency = published, (now_ms - int(published)) / 1000
+                seconds.append(latency)
         metrics.observe_end_to_end_latencies(self._group, seconds)
         metrics.on_acked(self._group, len(seconds))
 
