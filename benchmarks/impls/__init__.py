@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-def": "impls.streamsub_impl:StreamsubDef",
     "streamsub-0.1": "impls.streamsub_prev:StreamsubPrevious",
     "streamsub-fixed": "impls.streamsub_prev:StreamsubBeforeAdaptive",
+    "streamsub-pre-recv": "impls.streamsub_prev:StreamsubBeforeReceivePath",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

@@ -122,3 +122,13 @@ class StreamsubBeforeAdaptive(StreamsubPrevious):
     name = "streamsub-fixed"
     commit: ClassVar[str] = "5c5fb4b"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubBeforeReceivePath(StreamsubPrevious):
+    """streamsub at ``5a2cd57``, main before the receive-path work of issue 11 (a
+    handler's outcome settled and acked one message at a time): the "before" of
+    the e2e scenario in the same run (its publisher is the same code as today's)."""
+
+    name = "streamsub-pre-recv"
+    commit: ClassVar[str] = "5a2cd57"
+    _extracted: ClassVar[Path | None] = None
