@@ -17,6 +17,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-0.1": "impls.streamsub_prev:StreamsubPrevious",
     "streamsub-fixed": "impls.streamsub_prev:StreamsubBeforeAdaptive",
     "streamsub-adaptive": "impls.streamsub_prev:StreamsubAdaptive",
+    "streamsub-pre-recv": "impls.streamsub_prev:StreamsubBeforeReceivePath",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

@@ -133,3 +133,11 @@ class StreamsubAdaptive(StreamsubPrevious):
     name = "streamsub-adaptive"
     commit: ClassVar[str] = "5a2cd57"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubBeforeReceivePath(StreamsubAdaptive):
+    """The same commit, ``5a2cd57``, under the name the receive-path work of
+    issue 11 measured it by (a handler's outcome settled and acked one message
+    at a time): the "before" of the e2e scenario in the same run."""
+
+    name = "streamsub-pre-recv"

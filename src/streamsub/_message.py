@@ -92,7 +92,6 @@ class Message:
 
     def __init__(
         self,
-        *,
         data: bytes,
         attributes: dict[str, str],
         ordering_key: str | None,

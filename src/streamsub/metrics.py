@@ -34,8 +34,10 @@ through the other hooks, each a dictionary update under a lock:
 with delivery attempt > 1), :func:`on_acked` / :func:`on_nacked` with the
 counts the backend confirmed, :func:`on_dead_lettered` after each dead letter
 is stored, :func:`on_lost` where it counts an entry lost, and
-:func:`observe_handler_latency` (handler run time), :func:`observe_end_to_end_latency`
-(now minus the message's publish time, at settling); a running subscriber
+:func:`observe_handler_latencies` (handler run times, a batch of handlers that
+ended in one turn of the event loop), :func:`observe_end_to_end_latencies` (now
+minus each message's publish time, for a batch of acks the server confirmed); a
+running subscriber
 registers its held-message count with :func:`watch_in_flight`, read at scrape.
 """
 
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = [
@@ -56,7 +58,9 @@ __all__ = [
     "on_lost",
     "on_nacked",
     "on_published",
+    "observe_end_to_end_latencies",
     "observe_end_to_end_latency",
+    "observe_handler_latencies",
     "observe_handler_latency",
     "registry",
     "reset",
@@ -146,6 +150,31 @@ def _observe(name: str, label: str, seconds: float) -> None:
             row = _histograms[key] = [0.0] * (len(LATENCY_BUCKETS) + 2)
         row[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         row[-1] += seconds
+
+
+def _observe_many(name: str, label: str, values: Iterable[float]) -> None:
+    with _lock:
+        key = (name, label)
+        row = _histograms.get(key)
+        if row is None:
+            row = _histograms[key] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+        where = bisect.bisect_left
+        total = 0.0
+        for seconds in values:
+            row[where(LATENCY_BUCKETS, seconds)] += 1
+            total += seconds
+        row[-1] += total
+
+
+def observe_handler_latencies(subscription: str, seconds: Iterable[float]) -> None:
+    """Handlers of ``subscription`` ran for ``seconds`` each (one lock for the batch)."""
+    _observe_many("handler_seconds", subscription, seconds)
+
+
+def observe_end_to_end_latencies(subscription: str, seconds: Iterable[float]) -> None:
+    """Messages were handled ``seconds`` each after they were published (one lock
+    for the batch)."""
+    _observe_many("end_to_end_seconds", subscription, seconds)
 
 
 def observe_handler_latency(subscription: str, seconds: float) -> None:

@@ -13,6 +13,7 @@ from streamsub._core.codec import (
     MAX_ORDERING_KEY_BYTES,
     Decoded,
     UndecodableEntry,
+    data_only,
     decode,
     encode,
     size_of,
@@ -261,6 +262,19 @@ def test_encode_accepts_exactly_the_messages_within_max_bytes(
     else:
         with pytest.raises(MessageTooLargeError):
             encode(data, ordering_key, attributes, max_bytes=max_bytes)
+
+
+def test_data_only_gives_the_data_of_the_common_shape_alone() -> None:
+    """data_only returns the data of an entry holding only data, and None for any
+    other shape (a key, attributes, fields in another order, not ours), which
+    decode then handles."""
+    assert data_only([b"d", b"payload"]) == b"payload"
+    assert data_only(encode(b"", max_bytes=10).fields) == b""
+    assert data_only(encode(b"x", "key", max_bytes=10).fields) is None
+    assert data_only(encode(b"x", attributes={"a": "b"}, max_bytes=10).fields) is None
+    assert data_only([b"k", b"key"]) is None
+    assert data_only([b"other", b"x"]) is None
+    assert data_only([]) is None
 
 
 def test_decode_reads_fields_in_any_order() -> None:

@@ -47,6 +47,23 @@ def test_remove_reports_whether_the_lease_was_held() -> None:
     assert len(leases) == 0
 
 
+def test_remove_many_ends_each_lease_and_ignores_those_not_held() -> None:
+    """remove_many takes out every listed lease, a moved deadline's limit with it,
+    and leaves the others."""
+    leases = book(max_lease_duration=100.0)
+    for name in ("a", "b", "c"):
+        leases.add(name, now=0.0)
+    leases.set_deadline("b", now=0.0, seconds=5.0)
+    leases.remove_many(["a", "b", "never"])
+    assert len(leases) == 1
+    assert "c" in leases
+    assert leases.due(50.0) == LeaseDue(["c"], [])
+    leases.add("b", now=50.0)  # delivered again: a lease of its own, to 150
+    assert leases.set_deadline("b", now=60.0, seconds=200.0)
+    assert leases.due(120.0) == LeaseDue(["b"], ["c"])
+    assert leases.due(150.0) == LeaseDue([], ["b"])
+
+
 def test_removed_lease_is_never_due() -> None:
     """A settled message is neither extended nor expired."""
     leases = book()

@@ -23,6 +23,7 @@ __all__ = [
     "Decoded",
     "Encoded",
     "UndecodableEntry",
+    "data_only",
     "decode",
     "encode",
     "encode_data",
@@ -246,6 +247,15 @@ def _encode_attributes(attributes: object, fields: list[bytes]) -> int:
         fields += (_ATTR + raw_name, raw_value)
         size += len(raw_name) + len(raw_value)
     return size
+
+
+def data_only(fields: Sequence[bytes]) -> bytes | None:
+    """The data of an entry of the common shape -- data, no ordering key, no
+    attributes -- else None (then :func:`decode` it). Cheaper than ``decode`` for
+    the receive path, which builds the message from the data alone."""
+    if len(fields) == 2 and fields[0] == _DATA:
+        return fields[1]
+    return None
 
 
 def decode(fields: Sequence[bytes]) -> Decoded:

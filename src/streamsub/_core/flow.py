@@ -179,7 +179,8 @@ class FlowController(Generic[T]):
         """
         self._reserved -= grant.messages
         self._reserved_bytes -= grant.bytes
-        total = sum(size for _, size in items) + sum(aside)
+        items_bytes = sum([size for _, size in items])
+        total = items_bytes + sum(aside)
         count = len(items) + len(aside)
         self._outstanding += count
         self._outstanding_bytes += total
@@ -189,7 +190,7 @@ class FlowController(Generic[T]):
             self._estimate = max(1, total // count)
         if not self._hold:  # the usual case: all of them fit, start them as they are
             running = self._running + len(items)
-            running_bytes = self._running_bytes + sum(size for _, size in items)
+            running_bytes = self._running_bytes + items_bytes
             if running <= self._max_messages and (
                 running_bytes <= self._max_bytes or running == len(items) == 1
             ):
@@ -211,6 +212,17 @@ class FlowController(Generic[T]):
         if started:
             self._running -= 1
             self._running_bytes -= size
+        if not self._hold:
+            return []
+        return self._admit()
+
+    def finished_many(self, count: int, size: int) -> list[T]:
+        """``count`` running messages of ``size`` bytes in all are done; return
+        messages that start now (as many :meth:`finished` calls)."""
+        self._outstanding -= count
+        self._outstanding_bytes -= size
+        self._running -= count
+        self._running_bytes -= size
         if not self._hold:
             return []
         return self._admit()

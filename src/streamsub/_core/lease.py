@@ -81,6 +81,15 @@ class LeaseBook(Generic[K]):
             self._limits.pop(key, None)
         return self._ends.pop(key, None) is not None
 
+    def remove_many(self, keys: list[K]) -> None:
+        """These messages were settled (as :meth:`remove` each)."""
+        ends, limits = self._ends, self._limits
+        for key in keys:
+            ends.pop(key, None)
+        if limits:
+            for key in keys:
+                limits.pop(key, None)
+
     def due(self, now: float) -> LeaseDue[K]:
         """Split the held leases into those to extend now and those that ended."""
         extend: list[K] = []

@@ -164,6 +164,30 @@ class Inventory:
             self._start(admitted)
         return True
 
+    def settle_many(self, messages: list[Message]) -> list[Message]:
+        """:meth:`settle` each of ``messages``, all started, as done (acked); return
+        those that were held. One pass, one flow-control update: the messages of
+        the handlers that returned in one turn of the loop."""
+        if self.order is not None:  # each may let its key's next one start
+            return [m for m in messages if self.settle(m)]
+        held, settling = self.held, self.settling
+        settled: list[Message] = []
+        size = 0
+        for message in messages:
+            key = (message._partition, message._entry_id)
+            if held.get(key) is not message:
+                continue
+            del held[key]
+            settling.add(key)  # its lease stays until the server has the outcome
+            settled.append(message)
+            size += message._size
+        if settled:
+            admitted = self.flow.finished_many(len(settled), size)
+            self._room.set()
+            if admitted:
+                self._start(admitted)
+        return settled
+
     def withdraw(self, message: Message) -> list[Message] | None:
         """Take out ``message``, which flow control let start but no handler saw
         (its partition is no longer ours), as given back: its key, on an ordered
@@ -227,12 +251,15 @@ class Inventory:
 
     def sent(self, partition: int, entry_ids: Iterable[str]) -> None:
         """The server has the outcome of these entries: their leases end."""
+        settling, held = self.settling, self.held
+        ended = []
         for entry_id in entry_ids:
             key = (partition, entry_id)
-            if key in self.settling:
-                self.settling.discard(key)
-                if key not in self.held:  # not delivered again meanwhile
-                    self.leases.remove(key)
+            if key in settling:
+                settling.remove(key)
+                if key not in held:  # not delivered again meanwhile
+                    ended.append(key)
+        self.leases.remove_many(ended)
 
     def forget_settling(self) -> None:
         """Outcomes that will never be sent (shutdown with the server gone)."""

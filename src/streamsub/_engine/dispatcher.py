@@ -17,7 +17,7 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from .. import metrics, tracing
@@ -40,13 +40,21 @@ def is_async_handler(handler: Callable[..., Any]) -> bool:
 
 
 class Dispatcher:
-    """Starts handlers and reports each outcome to ``done(message, error)``."""
+    """Starts handlers and reports each outcome.
+
+    A handler that raised (or was cancelled by its own code) is reported at once
+    to ``done(message, error)``; those that returned are reported together to
+    ``handled(messages)`` once per turn of the event loop: the handlers of one
+    read end in the same turn, so their messages settle (and their acks queue)
+    as one batch, with one call per layer rather than one per message.
+    """
 
     def __init__(
         self,
         handler: Handler,
         *,
         done: Callable[[Message, BaseException | None], None],
+        handled: Callable[[list[Message]], None],
         subscription: str,
         threads: int = DEFAULT_HANDLER_THREADS,
     ) -> None:
@@ -56,10 +64,17 @@ class Dispatcher:
         OpenTelemetry SDK is set up."""
         self._handler = handler
         self._done = done
+        self._handled = handled
         self._is_async = is_async_handler(handler)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._threads = threads
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[Message, asyncio.Task[None]] = {}
+        """The running handlers, by message (a dict, so a task finds its own entry
+        without asking the loop for the current task)."""
+        self._returned: list[Message] = []
+        """Handlers that returned this turn, reported at its end."""
+        self._seconds: list[float] = []
+        """Their run times, for the handler-latency histogram."""
 
     @property
     def running(self) -> int:
@@ -68,34 +83,79 @@ class Dispatcher:
 
     def start(self, messages: list[Message]) -> None:
         """Start a handler task for each message."""
-        create_task = asyncio.get_running_loop().create_task
-        run = self._run_async if self._is_async else self._run_sync
-        add = self._tasks.add
+        loop = asyncio.get_running_loop()
+        if not self._is_async:
+            run = self._run_sync
+        elif self._tracing and tracing.active():
+            run = self._run_traced
+        else:
+            run = self._run_async
+        # asyncio.Task is what loop.create_task makes when no task factory is
+        # set, without the wrapper's checks, once per message.
+        make: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = (
+            functools.partial(asyncio.Task, loop=loop)
+            if loop.get_task_factory() is None
+            else loop.create_task
+        )
+        tasks = self._tasks
         for message in messages:
             message._started = True
-            add(create_task(run(message)))
+            tasks[message] = make(run(message))
+
+    def report(self) -> None:
+        """Report the handlers that returned and are not reported yet."""
+        returned, self._returned = self._returned, []
+        seconds, self._seconds = self._seconds, []
+        if returned:
+            self._handled(returned)
+            metrics.observe_handler_latencies(self._subscription, seconds)
+
+    def _returned_one(self, message: Message, started: float) -> None:
+        """A handler returned: report it with the others that return in this turn."""
+        seconds = time.perf_counter() - started
+        del self._tasks[message]
+        if not self._returned:  # the first of this turn: report at its end
+            asyncio.get_running_loop().call_soon(self.report)
+        self._returned.append(message)
+        self._seconds.append(seconds)
+
+    def _raised(self, message: Message, exc: BaseException, started: float) -> bool:
+        """A handler raised: report it now. Return True when the task must raise it
+        on: a cancellation from outside (shutdown), or a BaseException that is not
+        an Exception."""
+        seconds = time.perf_counter() - started
+        del self._tasks[message]
+        if isinstance(exc, asyncio.CancelledError):
+            if _cancelled_by_owner():
+                return True
+        elif not isinstance(exc, Exception):
+            return True
+        self._done(message, exc)
+        metrics.observe_handler_latency(self._subscription, seconds)
+        return False
 
     async def _run_async(self, message: Message) -> None:
-        # The task takes itself out of the set as it ends: cheaper than a done
+        # The task takes itself out of the table as it ends: cheaper than a done
         # callback, which costs one more turn of the loop per message.
         started = time.perf_counter()
         try:
-            if self._tracing and tracing.active():
-                with tracing.handling_span(message, self._subscription):
-                    await self._handler(message)  # type: ignore[misc]
-            else:
-                await self._handler(message)  # type: ignore[misc]
-        except asyncio.CancelledError as exc:
-            if _cancelled_by_owner():
-                self._tasks.discard(asyncio.current_task())
+            await self._handler(message)  # type: ignore[misc]
+        except BaseException as exc:
+            if self._raised(message, exc, started):
                 raise
-            self._done(message, exc)
-        except Exception as exc:
-            self._done(message, exc)
         else:
-            self._done(message, None)
-        metrics.observe_handler_latency(self._subscription, time.perf_counter() - started)
-        self._tasks.discard(asyncio.current_task())
+            self._returned_one(message, started)
+
+    async def _run_traced(self, message: Message) -> None:
+        started = time.perf_counter()
+        try:
+            with tracing.handling_span(message, self._subscription):
+                await self._handler(message)  # type: ignore[misc]
+        except BaseException as exc:
+            if self._raised(message, exc, started):
+                raise
+        else:
+            self._returned_one(message, started)
 
     async def _run_sync(self, message: Message) -> None:
         if self._executor is None:
@@ -113,17 +173,11 @@ class Dispatcher:
                 result = await self._in_thread(message)
                 if inspect.isawaitable(result):
                     await result
-        except asyncio.CancelledError as exc:
-            if _cancelled_by_owner():
-                self._tasks.discard(asyncio.current_task())
+        except BaseException as exc:
+            if self._raised(message, exc, started):
                 raise
-            self._done(message, exc)
-        except Exception as exc:
-            self._done(message, exc)
         else:
-            self._done(message, None)
-        metrics.observe_handler_latency(self._subscription, time.perf_counter() - started)
-        self._tasks.discard(asyncio.current_task())
+            self._returned_one(message, started)
 
     async def _in_thread(self, message: Message) -> object:
         """Call the handler in the pool, in a copy of the current context (its span)."""
@@ -133,10 +187,11 @@ class Dispatcher:
     async def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for running handlers; cancel the rest."""
         if self._tasks:
-            _, late = await asyncio.wait(set(self._tasks), timeout=max(0.0, timeout))
+            _, late = await asyncio.wait(set(self._tasks.values()), timeout=max(0.0, timeout))
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        self.report()  # before what is still held is given back
 
     def close(self) -> None:
         """Let go of the thread pool (threads still in a handler finish on their own)."""

@@ -191,7 +191,11 @@ class Receiver:
             fencing=self._token if ordered else None,
         )
         self._dispatcher = Dispatcher(
-            handler, done=self._handled, subscription=subscription.name, threads=handler_threads
+            handler,
+            done=self._handled,
+            handled=self._returned,
+            subscription=subscription.name,
+            threads=handler_threads,
         )
         self._inventory.connect(self._start if ordered else self._dispatcher.start)
         share = max(1, -(-flow_control.max_messages // READ_SHARE))
@@ -430,6 +434,11 @@ class Receiver:
 
     def _deliver_reclaimed(self, items: Sequence[Reclaimed], grant: Grant) -> None:
         self._intake.reclaimed(items, grant)
+
+    def _returned(self, messages: list[Message]) -> None:
+        """Handlers returned: with auto-ack, their messages are acked."""
+        if self._auto_ack:
+            self._settler.ack_returned(messages)
 
     def _handled(self, message: Message, error: BaseException | None) -> None:
         if error is None:

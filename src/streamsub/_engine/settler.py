@@ -155,16 +155,37 @@ class Settler:
         self._counters.acked += 1
         partition = message._partition
         if self._checked_acks:
-            future = self._loop.create_future()
-            future.add_done_callback(_log_lost_lease)
-            self._owned[partition].append(
-                (message._entry_id, message.delivery_attempt, future, message._delivered_ms)
-            )
+            self._queue_owned_ack(message)
         else:
             self._acks[partition].append(message._entry_id)
             if message.delivery_attempt > 1:
                 self._forget[partition].append(message._entry_id)
         self._wake.set()
+
+    def ack_returned(self, messages: list[Message]) -> None:
+        """Ack the messages of handlers that returned (auto-ack; on the loop): as
+        :meth:`ack` each, settled in one pass."""
+        settled = self._inventory.settle_many(messages)
+        if not settled:
+            return
+        self._counters.acked += len(settled)
+        if self._checked_acks:
+            for message in settled:
+                self._queue_owned_ack(message)
+        else:
+            acks, forget = self._acks, self._forget
+            for message in settled:
+                acks[message._partition].append(message._entry_id)
+                if message.delivery_attempt > 1:
+                    forget[message._partition].append(message._entry_id)
+        self._wake.set()
+
+    def _queue_owned_ack(self, message: Message) -> None:
+        future = self._loop.create_future()
+        future.add_done_callback(_log_lost_lease)
+        self._owned[message._partition].append(
+            (message._entry_id, message.delivery_attempt, future, message._delivered_ms)
+        )
 
     def nack_failed(self, message: Message, error: BaseException | None) -> None:
         """Nack ``message`` with the retry policy's backoff; on its last attempt
@@ -384,15 +405,17 @@ class Settler:
     def _acked(self, acks: dict[int, list[str]]) -> None:
         """Report acks the server took, with their end-to-end latency (publish time
         is the entry id's milliseconds)."""
-        group = self._group
         now_ms = time.time() * 1000
-        count = 0
+        seconds: list[float] = []
+        ms, latency = "", 0.0
         for entry_ids in acks.values():
-            count += len(entry_ids)
             for entry_id in entry_ids:
-                published_ms = int(entry_id[: entry_id.index("-")])
-                metrics.observe_end_to_end_latency(group, (now_ms - published_ms) / 1000)
-        metrics.on_acked(group, count)
+                published = entry_id.partition("-")[0]
+                if published != ms:  # a batch's ids share few milliseconds
+                    ms, latency = published, (now_ms - int(published)) / 1000
+                seconds.append(latency)
+        metrics.observe_end_to_end_latencies(self._group, seconds)
+        metrics.on_acked(self._group, len(seconds))
 
     def close(self) -> None:
         """Finish once the queues are empty."""

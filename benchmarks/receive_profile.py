@@ -1,0 +1,364 @@
+"""Where one subscriber's time goes, per message, during an end-to-end round.
+
+The e2e scenario of ``run.py`` for ``streamsub`` -- a freshly spawned consumer
+process (one subscriber, ``FlowControl(max_messages=1000)``, an ``async def``
+handler recording each body, as ``impls/streamsub_impl.py``'s) and, once it is
+subscribed, a freshly spawned publisher (``publish_many`` in chunks of 1000,
+four in flight) -- with two measurements of the consumer, from subscribed to
+the last ack seen by the server:
+
+* its CPU time (``time.process_time``, user + system) divided by n: the CPU
+  microseconds one message costs;
+* the time the garbage collector ran, per message (its samples are in the
+  profile too, under whatever allocated when a collection began);
+* the time its event loop waited in ``epoll`` with nothing to run (for Redis's
+  replies, or for the publisher), per message;
+* a CPU-time sampling profile: ``setitimer(ITIMER_PROF)`` raises ``SIGPROF``
+  after every ``--interval`` of CPU the process uses, and the handler counts
+  the Python stack it interrupted. Time the process spends preempted or
+  waiting is not CPU time and takes no samples, so on a busy machine the
+  profile stays a profile of this process's own work. (A wall-clock sampler
+  such as py-spy keeps sampling the last stack while the process waits for a
+  core, which on this 2-core machine piles samples on whatever ran before a
+  preemption, typically a socket write that woke redis-server.) Time in a C
+  call lands on the Python frame that made it.
+
+Each sample goes to one part of the receive path (``PARTS``: the innermost
+frame that names one; else ``OWNERS``: the task it works for), and a part's
+microseconds per message are its share of the samples times the CPU per
+message (the sampler's own cost, a few percent, is spread evenly).
+
+Usage::
+
+    .venv/bin/python benchmarks/receive_profile.py --messages 100000 --rounds 3
+
+``--stacks DIR`` keeps each round's collapsed stacks (``frame;frame;... count``,
+for flamegraph.pl or speedscope). ``--compare REV`` runs the consumer on the
+streamsub of another git revision too (``git archive``, as ``streamsub-0.1``
+does), its rounds interleaved with this tree's, the publisher always this
+tree's: a before and after from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import gc
+import multiprocessing
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import redis  # noqa: E402
+from redis.asyncio import Redis  # noqa: E402
+
+import servers  # noqa: E402
+from impls.base import Env, PublishAll, Receiver, wait_until_all_acked  # noqa: E402
+from impls.streamsub_impl import MAX_OUTSTANDING, SUBSCRIPTION, Streamsub  # noqa: E402
+
+_SPAWN = multiprocessing.get_context("spawn")
+
+Rule = Callable[[str, str], bool]
+"""Whether a frame (its function's qualified name, its file) belongs to a part."""
+
+_ACK_CALLS = {"ack", "_call", "_ack", "ack_returned", "_queue_owned_ack"}
+
+
+def _ack_call(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in _ACK_CALLS
+
+
+def _in(*suffixes: str) -> Rule:
+    return lambda name, path: path.endswith(suffixes)
+
+
+def _stdlib_asyncio(name: str, path: str) -> bool:
+    return "site-packages" not in path and ("/asyncio/" in path or path.endswith("/selectors.py"))
+
+
+PARTS: list[tuple[str, Rule]] = [
+    # The innermost frame that matches one of these names the part.
+    ("handler (the benchmark's)", lambda f, p: f.endswith("on_message") and p.endswith("/base.py")),
+    ("handler (the benchmark's)", lambda f, p: f.endswith(".handler") and p.endswith("profile.py")),
+    ("decode", _in("_core/codec.py")),
+    ("Message construction", _in("streamsub/_message.py")),
+    ("flow control", _in("_core/flow.py")),
+    ("inventory and leases", _in("_engine/_inventory.py", "_core/lease.py")),
+    ("metrics hooks", _in("streamsub/metrics.py")),
+    ("settle (take out, queue the ack)", lambda f, p: _ack_call(f) and p.endswith("/settler.py")),
+    ("settle (take out, queue the ack)", _in("_engine/receiver.py")),
+    ("handler tasks (create, run, report)", _in("_engine/dispatcher.py")),
+    ("intake", _in("_engine/intake.py")),
+]  # fmt: skip
+OWNERS: list[tuple[str, Rule]] = [
+    # Else the first of these found anywhere in the stack: the task the frames
+    # below it work for (redis-py, sockets, asyncio's streams).
+    ("ack batching and send", _in("_engine/settler.py")),
+    ("read and parse", _in("_engine/reader.py")),
+    ("leaser and reclaimer", _in("_engine/leaser.py", "_engine/reclaimer.py")),
+    ("event loop (tasks, epoll)", _stdlib_asyncio),
+]
+OTHER = "other"
+
+
+def classify(stack: str) -> str:
+    """The part a collapsed stack (``name (path:line)`` frames, root first) is in."""
+    frames = []
+    for frame in reversed(stack.split(";")):
+        name, _, where = frame.partition(" (")
+        frames.append((name, where.rsplit(":", 1)[0]))
+    for name, path in frames:
+        for part, matches in PARTS:
+            if matches(name, path):
+                return part
+    for part, matches in OWNERS:
+        if any(matches(name, path) for name, path in frames):
+            return part
+    return OTHER
+
+
+class CpuSampler:
+    """Counts the Python stack every ``interval`` seconds of the process's CPU time."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.stacks: collections.Counter[str] = collections.Counter()
+        self._names: dict[tuple[Any, int], str] = {}
+
+    def _sample(self, signum: int, frame: FrameType | None) -> None:
+        parts = []
+        names = self._names
+        while frame is not None:
+            code = frame.f_code
+            key = (code, frame.f_lineno)
+            name = names.get(key)
+            if name is None:
+                name = names[key] = f"{code.co_qualname} ({code.co_filename}:{frame.f_lineno})"
+            parts.append(name)
+            frame = frame.f_back
+        self.stacks[";".join(reversed(parts))] += 1
+
+    def start(self) -> None:
+        signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
+
+    def stop(self) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+
+
+class _IdleMeter:
+    """Adds up the time the event loop waits in ``epoll`` with nothing to run:
+    the consumer waiting for Redis (or for the publisher)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.seconds = 0.0
+        self._selector = loop._selector  # type: ignore[attr-defined]
+        self._select = self._selector.select
+        self._selector.select = self._timed
+
+    def _timed(self, timeout: float | None = None) -> Any:
+        if timeout == 0:
+            return self._select(timeout)
+        began = time.perf_counter()
+        try:
+            return self._select(timeout)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def stop(self) -> None:
+        self._selector.select = self._select
+
+
+class _GcMeter:
+    """Adds up the time the garbage collector runs (its collections, per generation)."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.counts = [0, 0, 0]
+        self._began = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._began
+            self.counts[info["generation"]] += 1
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def _consumer(url: str, n: int, interval: float, ready: Any, results: Any, src: str | None) -> None:
+    if src is not None:  # before anything imports streamsub
+        sys.path.insert(0, src)
+    import streamsub
+
+    if not os.path.realpath(streamsub.__file__).startswith(os.path.realpath(sys.path[0])):
+        results.put(("error", f"imported {streamsub.__file__}, not the code under test"))
+        return
+    try:
+        results.put(("ok", asyncio.run(_consume(url, n, interval, ready))))
+    except BaseException as exc:
+        results.put(("error", repr(exc)))
+
+
+async def _consume(
+    url: str, n: int, interval: float, ready: Any
+) -> tuple[float, float, float, list[float], collections.Counter[str]]:
+    import streamsub
+
+    receiver = Receiver(n)
+
+    async def handler(message: streamsub.Message) -> None:
+        receiver.on_message(message.data)
+
+    sampler = CpuSampler(interval)
+    watcher = Redis.from_url(url)
+    try:
+        async with (
+            streamsub.connect(url) as client,
+            client.subscribe(
+                SUBSCRIPTION,
+                handler,
+                flow_control=streamsub.FlowControl(max_messages=MAX_OUTSTANDING),
+            ),
+        ):
+            idle, collector = _IdleMeter(asyncio.get_running_loop()), _GcMeter()
+            cpu, wall = time.process_time(), time.perf_counter()
+            if interval > 0:
+                sampler.start()
+            ready.set()
+            await receiver.done.wait()
+            await wait_until_all_acked(watcher)
+            sampler.stop()
+            idle.stop()
+            collector.stop()
+            print(
+                f"  garbage collections per generation: {collector.counts}, "
+                f"objects tracked at the end: {len(gc.get_objects()):,}"
+            )
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            return cpu, wall, idle.seconds, collector.seconds, sampler.stacks
+    finally:
+        await watcher.aclose()
+
+
+def _publisher(url: str, n: int, size: int) -> None:
+    asyncio.run(PublishAll(n, size)(Streamsub(Env(redis_url=url))))
+
+
+def one_round(
+    url: str, n: int, size: int, interval: float, src: str
+) -> tuple[float, float, float, list[float], collections.Counter[str]]:
+    """Run one round, the consumer running the streamsub in ``src``; return (CPU s,
+    wall s, idle s, garbage collection s per generation, samples per stack)."""
+    redis.Redis.from_url(url).flushall()
+    asyncio.run(Streamsub(Env(redis_url=url)).setup())
+    ready, results = _SPAWN.Event(), _SPAWN.Queue()
+    consumer = _SPAWN.Process(target=_consumer, args=(url, n, interval, ready, results, src))
+    consumer.start()
+    if not ready.wait(60):
+        consumer.kill()
+        raise RuntimeError("the consumer did not subscribe")
+    publisher = _SPAWN.Process(target=_publisher, args=(url, n, size))
+    publisher.start()
+    status, value = results.get(timeout=600)
+    publisher.join(30)
+    consumer.join(30)
+    if status != "ok":
+        raise RuntimeError(f"consumer failed: {value}")
+    cpu, wall, idle, collecting, stacks = value
+    return cpu, wall, idle, collecting, stacks
+
+
+def breakdown(stacks: collections.Counter[str]) -> dict[str, float]:
+    """Each part's share of the samples."""
+    parts: collections.Counter[str] = collections.Counter()
+    for stack, count in stacks.items():
+        parts[classify(stack)] += count
+    total = sum(parts.values()) or 1
+    return {part: count / total for part, count in parts.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument(
+        "--interval", type=float, default=0.0005, help="CPU seconds between samples (0: none)"
+    )
+    parser.add_argument("--stacks", type=Path, help="keep each round's collapsed stacks here")
+    parser.add_argument(
+        "--compare",
+        metavar="REV",
+        help="also run the consumer on the streamsub of git revision REV, rounds interleaved",
+    )
+    args = parser.parse_args(argv)
+    redis_path = servers.find_binary("redis-server")
+    if redis_path is None:
+        print("redis-server not found", file=sys.stderr)
+        return 2
+    n = args.messages
+    codes = {"this tree": str(HERE.parent / "src")}
+    if args.compare:
+        from impls.streamsub_prev import REPO_ROOT, extract
+
+        codes = {args.compare: str(extract(args.compare, REPO_ROOT)), **codes}
+    rounds: dict[str, list[tuple[float, dict[str, float]]]] = {code: [] for code in codes}
+    waits: dict[str, list[tuple[float, float, float]]] = {code: [] for code in codes}
+    with servers.redis_server(redis_path) as url:
+        for r in range(args.rounds):
+            order = list(codes) if r % 2 == 0 else list(reversed(codes))
+            for code in order:
+                cpu, wall, idle, collecting, stacks = one_round(
+                    url, n, args.size, args.interval, codes[code]
+                )
+                if args.stacks:
+                    args.stacks.mkdir(parents=True, exist_ok=True)
+                    lines = (f"{stack} {count}\n" for stack, count in stacks.most_common())
+                    name = "".join(c if c.isalnum() else "-" for c in code)
+                    (args.stacks / f"{name}-round{r + 1}.txt").write_text("".join(lines))
+                rounds[code].append((cpu * 1e6 / n, breakdown(stacks)))
+                waits[code].append((wall * 1e6 / n, idle * 1e6 / n, sum(collecting) * 1e6 / n))
+                print(
+                    f"round {r + 1} {code}: {n / wall:,.0f} msgs/s, per message: CPU "
+                    f"{cpu * 1e6 / n:.2f} us, wall {wall * 1e6 / n:.2f} us, loop idle "
+                    f"{idle * 1e6 / n:.2f} us, garbage collection "
+                    f"{'/'.join(f'{g * 1e6 / n:.2f}' for g in collecting)} us (generations "
+                    f"0/1/2); {sum(stacks.values())} samples, "
+                    f"load {os.getloadavg()[0]:.2f}"
+                )
+    for code, results in rounds.items():
+        us = statistics.median(cpu for cpu, _ in results)
+        names = {part for _, shares in results for part in shares}
+        share = {p: statistics.median(s.get(p, 0.0) for _, s in results) for p in names}
+        wall = statistics.median(w for w, _, _ in waits[code])
+        idle = statistics.median(i for _, i, _ in waits[code])
+        collecting = statistics.median(c for _, _, c in waits[code])
+        print(
+            f"\n{code}, medians of {len(results)} rounds, per message: consumer CPU {us:.2f} us, "
+            f"wall {wall:.2f} us, event loop idle {idle:.2f} us, garbage collection "
+            f"{collecting:.2f} us (wall, in the CPU parts below)"
+        )
+        print("| part | share of samples | us per message |\n|---|---:|---:|")
+        for part in sorted(names, key=lambda p: -share[p]):
+            print(f"| {part} | {share[part]:.1%} | {share[part] * us:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
