@@ -111,6 +111,19 @@ class Strike(NamedTuple):
     the new master's replica)."""
 
 
+def replica_port(cluster: RedisClusterServers, master: int) -> int:
+    """The port of a replica of the master at port ``master``."""
+    for port in cluster.ports:
+        node = cluster.node(port)
+        try:
+            info = node.info("replication")
+        finally:
+            node.close()
+        if info.get("role") == "slave" and int(info["master_port"]) == master:
+            return port
+    raise AssertionError(f"the master on port {master} has no replica")
+
+
 def _replica_of(cluster: RedisClusterServers, slot: int) -> tuple[int, int]:
     """(master port, its replica's port) of ``slot``."""
     inspect = cluster.client()
@@ -118,15 +131,7 @@ def _replica_of(cluster: RedisClusterServers, slot: int) -> tuple[int, int]:
         old = inspect.nodes_manager.get_node_from_slot(slot).port
     finally:
         inspect.close()
-    for port in cluster.ports:
-        node = cluster.node(port)
-        try:
-            info = node.info("replication")
-        finally:
-            node.close()
-        if info.get("role") == "slave" and int(info["master_port"]) == old:
-            return old, port
-    raise AssertionError(f"the master of slot {slot} (port {old}) has no replica")
+    return old, replica_port(cluster, old)
 
 
 def _wait_promoted(cluster: RedisClusterServers, port: int, started: float) -> float:

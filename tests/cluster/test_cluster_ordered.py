@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -17,7 +16,7 @@ import streamsub
 from streamsub.testing import RedisClusterServers
 from tests._wait import until
 from tests.cluster._helpers import kill_master, partition_slot, slot_held_migrating
-from tests.ordered_faults._keys import Journal, keyed
+from tests.ordered_faults._keys import Journal, publish_rounds
 from tests.ordered_faults._order import regressions
 
 KEYS = 40
@@ -56,31 +55,11 @@ async def test_an_ordered_subscription_keeps_key_order_through_a_failover_or_a_m
         stored: set[tuple[str, int]] = set()
         stop = asyncio.Event()
 
-        def handler(who: str) -> Callable[[streamsub.Message], Awaitable[None]]:
-            async def handle(message: streamsub.Message) -> None:
-                journal.enter(message, who)
-                await asyncio.sleep(0.001)
-                journal.leave(message)
-
-            return handle
-
-        async def publish() -> None:
-            n = 0
-            while not stop.is_set():
-                try:
-                    await admin.publish_many("orders", keyed(keys, n, n + 1))
-                except (streamsub.BackendError, streamsub.OrderingKeyPausedError):
-                    stop.set()  # a round maybe partly stored: publish no more
-                    return
-                stored.update((key, n) for key in keys)
-                n += 1
-                await asyncio.sleep(0.02)
-
         async with (
-            clients[0].subscribe("billing", handler("a"), consumer="a") as a,
-            clients[1].subscribe("billing", handler("b"), consumer="b") as b,
+            clients[0].subscribe("billing", journal.handler("a"), consumer="a") as a,
+            clients[1].subscribe("billing", journal.handler("b"), consumer="b") as b,
         ):
-            publishing = asyncio.create_task(publish())
+            publishing = asyncio.create_task(publish_rounds(admin, keys, stored, stop))
             await until(lambda: journal.distinct() >= KEYS * 20, 30, "20 rounds handled")
             if strike == "sigkill":
                 await asyncio.to_thread(kill_master, cluster, slot)

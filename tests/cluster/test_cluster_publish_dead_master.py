@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import streamsub
-from streamsub.testing import RedisClusterServers, redis_cluster
+from streamsub.testing import RedisClusterServers
 from tests.cluster._helpers import owner_port, partition_slot
 
-NODE_TIMEOUT_MS = 15_000
-"""Long enough that no replica is promoted while the test publishes."""
 PARTITIONS = 6
 HEALTHY_WITHIN = 1.0
 """Seconds a publish to a healthy master's partition may take."""
-
-
-@pytest.fixture
-def slow_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
-    """A private 3+3 cluster whose replicas wait 15 s before taking over."""
-    with redis_cluster(
-        tmp_path, extra_args=("--cluster-node-timeout", str(NODE_TIMEOUT_MS))
-    ) as private:
-        yield private
 
 
 def _keys_of(partition: int, count: int) -> list[str]:

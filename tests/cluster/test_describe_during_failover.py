@@ -18,8 +18,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from typer.testing import CliRunner
@@ -30,23 +29,18 @@ from streamsub._backends.redis import _keys
 from streamsub._backends.redis._slots import key_slot
 from streamsub._server import RedisServer
 from streamsub.cli import app
-from streamsub.testing import RedisClusterServers, redis_cluster
-from tests.cluster._helpers import owner_port
+from streamsub.testing import RedisClusterServers
+from tests.cluster._helpers import owner_port, replica_port
 
-NODE_TIMEOUT_MS = 15_000
-"""Long enough that no replica is promoted while the test reads."""
 ANSWER_WITHIN = 5.0
 """Seconds a describe or locate may take while the master is down: well under
 the promotion (about twice the node timeout, 30 s)."""
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
-    """A private 3+3 cluster whose replicas wait 15 s before taking over."""
-    with redis_cluster(
-        tmp_path, extra_args=("--cluster-node-timeout", str(NODE_TIMEOUT_MS))
-    ) as private:
-        yield private
+def cluster(slow_cluster: RedisClusterServers) -> RedisClusterServers:
+    """The tests here run on a cluster slow to promote a replica."""
+    return slow_cluster
 
 
 def _cli(url: str, *args: str) -> str:
@@ -65,18 +59,6 @@ def _name_on(
         for name in (f"{prefix}-{n}" for n in range(1000))
         if owner_port(cluster, key_slot(key(name))) == port
     )
-
-
-def _replica_of(cluster: RedisClusterServers, port: int) -> int:
-    for replica in cluster.ports:
-        node = cluster.node(replica)
-        try:
-            info = node.info("replication")
-        finally:
-            node.close()
-        if info.get("role") == "slave" and int(info["master_port"]) == port:
-            return replica
-    raise AssertionError(f"no replica of {port}")
 
 
 def _role(cluster: RedisClusterServers, port: int) -> str:
@@ -127,7 +109,7 @@ def _place(cluster: RedisClusterServers, client: streamsub.blocking.Client) -> _
         topic,
         subscriptions,
         next(s for s in cluster.servers if s.port == victim),
-        _replica_of(cluster, victim),
+        replica_port(cluster, victim),
         before,
         described,
     )

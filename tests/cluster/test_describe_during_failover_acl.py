@@ -8,28 +8,14 @@ cluster, create the user on every node"). The replica path asks another node
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 import streamsub.blocking
-from streamsub.testing import ACL_RULE, RedisClusterServers, redis_cluster
+from streamsub.testing import ACL_RULE, RedisClusterServers
 from tests.cluster.test_describe_during_failover import (
     ANSWER_WITHIN,
-    NODE_TIMEOUT_MS,
     _place,
     _role,
 )
-
-
-@pytest.fixture
-def slow_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
-    """A private 3+3 cluster whose replicas wait 15 s before taking over."""
-    with redis_cluster(
-        tmp_path, extra_args=("--cluster-node-timeout", str(NODE_TIMEOUT_MS))
-    ) as private:
-        yield private
 
 
 def _as_user(cluster: RedisClusterServers, name: str, password: str) -> str:

@@ -3,8 +3,10 @@ a journal of handlings checked per key."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import streamsub
@@ -40,6 +42,29 @@ def keyed(keys: list[str], first: int, last: int) -> list[streamsub.OutgoingMess
     ]
 
 
+async def publish_rounds(
+    client: streamsub.Client,
+    keys: list[str],
+    stored: set[tuple[str, int]],
+    stop: asyncio.Event,
+    topic: str = "orders",
+) -> None:
+    """Publish round after round (message n of every key, one ``publish_many``
+    a round, 20 ms apart) until ``stop`` is set, adding each stored round to
+    ``stored``; on a failed round (maybe partly stored) set ``stop`` and
+    publish no more."""
+    n = 0
+    while not stop.is_set():
+        try:
+            await client.publish_many(topic, keyed(keys, n, n + 1))
+        except (streamsub.BackendError, streamsub.OrderingKeyPausedError):
+            stop.set()
+            return
+        stored.update((key, n) for key in keys)
+        n += 1
+        await asyncio.sleep(0.02)
+
+
 def index(message: streamsub.Message) -> int:
     """The n of a message published as ``key:n``."""
     return int(message.data.split(b":")[1])
@@ -65,6 +90,18 @@ class Journal:
     def leave(self, message: streamsub.Message) -> None:
         with self.lock:
             self.active[message.ordering_key or ""] -= 1
+
+    def handler(
+        self, who: str, pause: float = 0.001
+    ) -> Callable[[streamsub.Message], Awaitable[None]]:
+        """A handler that journals its handlings as ``who``, each taking ``pause`` s."""
+
+        async def handle(message: streamsub.Message) -> None:
+            self.enter(message, who)
+            await asyncio.sleep(pause)
+            self.leave(message)
+
+        return handle
 
     def distinct(self) -> int:
         with self.lock:

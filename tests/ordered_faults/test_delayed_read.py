@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -46,14 +45,6 @@ async def test_reads_a_silent_owner_sent_before_losing_its_partitions_do_not_bre
     keys = [f"key-{k}" for k in range(KEYS)]
     journal = Journal()
 
-    def handler(who: str, pause: float) -> Callable[[streamsub.Message], Awaitable[None]]:
-        async def handle(message: streamsub.Message) -> None:
-            journal.enter(message, who)
-            await asyncio.sleep(pause)
-            journal.leave(message)
-
-        return handle
-
     async def owned_by(who: str) -> bool:
         owners = await _owners(client)
         return len(owners) == 2 and set(owners.values()) == {who}
@@ -69,7 +60,7 @@ async def test_reads_a_silent_owner_sent_before_losing_its_partitions_do_not_bre
         streamsub.connect(
             f"redis://127.0.0.1:{port}/0", socket_timeout=3.0, trim_in_background=False
         ) as behind_proxy,
-        behind_proxy.subscribe("billing", handler("silent", 0.001), consumer="silent"),
+        behind_proxy.subscribe("billing", journal.handler("silent", 0.001), consumer="silent"),
     ):
         await wait_owned_by("silent", 20)
         await client.publish_many("orders", keyed(keys, 0, 5))
@@ -77,7 +68,7 @@ async def test_reads_a_silent_owner_sent_before_losing_its_partitions_do_not_bre
         proxy.hold()
         slow = streamsub.FlowControl(max_messages=5)
         async with client.subscribe(
-            "billing", handler("live", 0.02), consumer="live", flow_control=slow
+            "billing", journal.handler("live", 0.02), consumer="live", flow_control=slow
         ):
             await wait_owned_by("live", 30)
             await client.publish_many("orders", keyed(keys, 5, 30))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 import streamsub
 from streamsub.testing import redis_server
 from tests._wait import until
-from tests.ordered_faults._keys import Journal, keyed
+from tests.ordered_faults._keys import Journal, publish_rounds
 
 # Standalone: SIGKILLs and restarts a redis-server (a cluster's failover:
 # tests/cluster/test_cluster_failover.py).
@@ -43,31 +42,11 @@ async def test_order_and_ownership_hold_across_a_server_restart(
             stored: set[tuple[str, int]] = set()
             stop = asyncio.Event()
 
-            def handler(who: str) -> Callable[[streamsub.Message], Awaitable[None]]:
-                async def handle(message: streamsub.Message) -> None:
-                    journal.enter(message, who)
-                    await asyncio.sleep(0.001)
-                    journal.leave(message)
-
-                return handle
-
-            async def publish() -> None:
-                n = 0
-                while not stop.is_set():
-                    try:
-                        await admin.publish_many("orders", keyed(keys, n, n + 1))
-                    except (streamsub.BackendError, streamsub.OrderingKeyPausedError):
-                        stop.set()  # the rest of the test publishes nothing more
-                        return
-                    stored.update((key, n) for key in keys)
-                    n += 1
-                    await asyncio.sleep(0.02)
-
             async with (
-                clients[0].subscribe("billing", handler("a"), consumer="a") as a,
-                clients[1].subscribe("billing", handler("b"), consumer="b") as b,
+                clients[0].subscribe("billing", journal.handler("a"), consumer="a") as a,
+                clients[1].subscribe("billing", journal.handler("b"), consumer="b") as b,
             ):
-                publishing = asyncio.create_task(publish())
+                publishing = asyncio.create_task(publish_rounds(admin, keys, stored, stop))
                 await until(lambda: journal.distinct() >= KEYS * 20, 30, "20 rounds handled")
                 server.kill()
                 await publishing

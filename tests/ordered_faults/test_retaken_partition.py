@@ -6,9 +6,6 @@ not first take over what is pending there before it reads on."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
 import pytest
 
 import streamsub
@@ -38,25 +35,17 @@ async def test_an_owner_that_gets_its_partition_back_takes_over_what_is_pending_
     port = await proxy.start("127.0.0.1", server.port)
     journal = Journal()
 
-    def handler(who: str, pause: float) -> Callable[[streamsub.Message], Awaitable[None]]:
-        async def handle(message: streamsub.Message) -> None:
-            journal.enter(message, who)
-            await asyncio.sleep(pause)
-            journal.leave(message)
-
-        return handle
-
     async with (
         streamsub.connect(
             f"redis://127.0.0.1:{port}/0", socket_timeout=3.0, trim_in_background=False
         ) as behind_proxy,
-        behind_proxy.subscribe("billing", handler("m", 0.001), consumer="m") as m,
+        behind_proxy.subscribe("billing", journal.handler("m", 0.001), consumer="m") as m,
     ):
         await until(lambda: m.statistics().partitions == (0,), 15, "m to own the partition")
         proxy.silence()
         slow = streamsub.FlowControl(max_messages=5)
         async with client.subscribe(
-            "billing", handler("x", 0.3), consumer="x", flow_control=slow
+            "billing", journal.handler("x", 0.3), consumer="x", flow_control=slow
         ) as x:
             await until(lambda: x.statistics().partitions == (0,), 15, "x to take it over")
             await client.publish_many("orders", keyed(["k"], 0, 30))

@@ -9,7 +9,6 @@ a clear error, or the partitions must still have one reader each."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -38,19 +37,15 @@ async def test_a_second_subscriber_with_the_same_consumer_name_takes_the_name_ov
     journal = Journal()
     overlaps: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
-    def handler(who: str) -> Callable[[streamsub.Message], Awaitable[None]]:
-        async def handle(message: streamsub.Message) -> None:
-            journal.enter(message, who)
-            await asyncio.sleep(0.003)
-            journal.leave(message)
-
-        return handle
-
     other = streamsub.connect(server.url)
     try:
-        async with client.subscribe("billing", handler("first"), consumer="worker") as first:
+        async with client.subscribe(
+            "billing", journal.handler("first", 0.003), consumer="worker"
+        ) as first:
             await until(lambda: len(first.statistics().owned) == 2, 15, "first to own both")
-            async with other.subscribe("billing", handler("second"), consumer="worker") as second:
+            async with other.subscribe(
+                "billing", journal.handler("second", 0.003), consumer="worker"
+            ) as second:
                 await until(lambda: len(second.statistics().partitions) == 2, 15, "the take-over")
                 await until(lambda: not first.statistics().owned, 15, "first to be fenced")
                 # A read the first had at the server then ends within its block.
