@@ -78,3 +78,58 @@ async def test_publishes_to_healthy_masters_do_not_wait_for_a_dead_one(
             task.cancel()
         await asyncio.gather(*stuck, return_exceptions=True)
     assert not slow, f"publishes to healthy masters waited for the dead one: {slow[:5]}"
+
+
+@pytest.mark.timeout(90)
+async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_nothing_else(
+    slow_cluster: RedisClusterServers,
+) -> None:
+    """Partition 0's master is SIGKILLed (not replaced for about 30 s). For 12 s
+    (past the 10 s socket timeout, so writes to it fail) 4 tasks publish a
+    message to partition 0 together with one to a healthy partition (so their
+    writes share a call), while 4 more publish to the healthy partitions only,
+    under the same keys: every publish to a healthy partition returns its id
+    (none overtakes an earlier write of its partition, which Redis would refuse
+    as a broken link), and those to partition 0 fail with UnavailableError."""
+    cluster = slow_cluster
+    async with streamsub.connect(cluster.url) as client:
+        await client.create_topic("halves", partitions=PARTITIONS)
+        ports = {
+            p: owner_port(cluster, partition_slot(cluster, "halves", p)) for p in range(PARTITIONS)
+        }
+        healthy = [p for p in range(PARTITIONS) if ports[p] != ports[0]]
+        healthy_keys = [key for p in healthy for key in _keys_of(p, 3)]
+        dead_keys = _keys_of(0, 4)
+        for key in healthy_keys + dead_keys:  # every node's connection made before the kill
+            await client.publish("halves", b"warm", ordering_key=key)
+        next(s for s in cluster.servers if s.port == ports[0]).kill()
+        refused: list[str] = []
+        failed: list[str] = []
+        stored = 0
+        until_time = time.monotonic() + 12.0
+
+        async def one(key: str) -> None:
+            nonlocal stored
+            try:
+                await client.publish("halves", b"x", ordering_key=key)
+                stored += 1
+            except streamsub.StreamsubError as exc:
+                client.resume_publish("halves", key)
+                (refused if key in dead_keys else failed).append(f"{key}: {exc!r}"[:200])
+
+        async def mixed(n: int) -> None:
+            while time.monotonic() < until_time:
+                healthy_key = healthy_keys[n % len(healthy_keys)]
+                await asyncio.gather(one(dead_keys[n]), one(healthy_key))
+                await asyncio.sleep(0.01)
+
+        async def healthy_only(n: int) -> None:
+            while time.monotonic() < until_time:
+                await one(healthy_keys[(n + 1) % len(healthy_keys)])
+                await asyncio.sleep(0.005)
+
+        await asyncio.gather(*(mixed(n) for n in range(4)), *(healthy_only(n) for n in range(4)))
+    assert not failed, f"{len(failed)} publishes to healthy partitions failed: {failed[:3]}"
+    assert refused
+    assert all("UnavailableError" in r or "Paused" in r for r in refused), refused[:3]
+    assert stored > 100

@@ -28,8 +28,9 @@ async def test_a_consumer_group_missing_for_a_moment_is_retried_not_fatal(
     caplog: pytest.LogCaptureFixture,
     ordered: bool,
 ) -> None:
-    """Two subscribers read a 4-partition topic; partition 0's consumer group is
-    destroyed, 400 keyed messages are published over all partitions, and 1.5 s
+    """Two subscribers read a 4-partition topic, whose retention is then changed
+    (the subscribers keep the topic record they started with); partition 0's
+    consumer group is destroyed, 400 keyed messages are published over all partitions, and 1.5 s
     later the group is created again where it was. Both subscribers keep
     running (no error), every message is handled once (within the default
     30 s ack deadline), and the log says the group was missing."""
@@ -57,6 +58,7 @@ async def test_a_consumer_group_missing_for_a_moment_is_retried_not_fatal(
         await client.publish_many("gone", publish(0))
         await until(lambda: len(handled) == BATCH, 30, "the first messages handled")
         await until(lambda: not redis_client.xpending(stream, "gone-sub")["pending"], 30, "acks")
+        await client.update_topic_retention("gone", streamsub.Retention(max_length=100_000))
         position = next(
             g["last-delivered-id"]
             for g in redis_client.xinfo_groups(stream)
@@ -75,3 +77,37 @@ async def test_a_consumer_group_missing_for_a_moment_is_retried_not_fatal(
     # Nothing read from the partitions that kept their group was held back
     # until its ack deadline and handled again.
     assert max(handled.values()) == 1
+
+
+@pytest.mark.timeout(60)
+async def test_a_subscription_whose_groups_are_all_gone_ends_its_subscribers(
+    client: streamsub.Client, redis_client: redis.Redis
+) -> None:
+    """A deletion that stopped half done (every partition's consumer group
+    destroyed, the subscription's record left): the subscribers end with
+    SubscriptionNotFoundError rather than retry for ever."""
+    await client.create_topic("half", partitions=PARTITIONS)
+    await client.create_subscription("half-sub", topic="half")
+    record = await client._backend.get_topic("half")
+    assert record is not None
+
+    async def handler(message: streamsub.Message) -> None:
+        pass
+
+    # Leaving the block raises what ended the subscribers.
+    with pytest.raises(streamsub.SubscriptionNotFoundError):  # noqa: PT012 (raised on leaving)
+        async with (
+            client.subscribe("half-sub", handler, consumer="a") as a,
+            client.subscribe("half-sub", handler, consumer="b") as b,
+        ):
+            await asyncio.sleep(0.5)
+            for stream in client._backend._keys(record):  # type: ignore[attr-defined]
+                redis_client.xgroup_destroy(stream, "half-sub")
+            await until(
+                lambda: (
+                    isinstance(a.error, streamsub.SubscriptionNotFoundError)
+                    and isinstance(b.error, streamsub.SubscriptionNotFoundError)
+                ),
+                20,
+                "both subscribers to end",
+            )

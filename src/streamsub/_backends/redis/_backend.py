@@ -177,6 +177,12 @@ def _group_checked(step: _Step) -> _Step:
     return checked  # type: ignore[return-value]
 
 
+def _identity(topic: TopicRecord) -> tuple[Any, ...]:
+    """What makes a topic this one and not one made anew under its name (its
+    retention may change in between)."""
+    return (topic.name, topic.created, topic.partitions, topic.layout, topic.salts)
+
+
 def _is_missing(exc: Exception) -> bool:
     """A reply error that says the stream or the group does not exist."""
     text = str(exc)
@@ -474,7 +480,7 @@ class RedisBackend:
         except rexc.ResponseError:
             raise  # an error reply: the connection is fine
         except BaseException:
-            await connection.disconnect()  # a reply may still be on its way
+            await connection.disconnect(nowait=True)  # a reply may still be on its way
             raise
         finally:
             await pool.release(connection)
@@ -791,13 +797,12 @@ class RedisBackend:
                 commands.append(
                     ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
                 )
+        # A connection lost under a write: its outcome is unknown, and so is
+        # that of every write on that connection, which all fail with it (one
+        # connection on one server; one per node on a cluster, so a node that
+        # fails fails only its partitions' writes).
         with self._errors():
             replies, confirmations = await self._append_many(commands, self._behind())
-            for reply in replies:
-                # A connection lost under a write: its outcome, and that of every
-                # write on that connection, is unknown. The call fails as a whole.
-                if isinstance(reply, rexc.ConnectionError | rexc.TimeoutError | OSError):
-                    raise reply
         results: dict[int, list[str] | StreamsubError] = {}
         for p, reply in zip(partitions, replies, strict=True):
             if isinstance(reply, Exception):
@@ -960,23 +965,49 @@ class RedisBackend:
     ) -> None:
         """A step was answered NOGROUP: return (the caller re-raises ``exc``: the
         subscription is gone for good) if the subscription or its topic was
-        deleted or the topic made anew; otherwise raise UnavailableError, which
-        the engine retries after its backoff. With both records in place a
-        missing group is a node that has not caught up: on a cluster, a node
-        answering from an older view of a failover or a moved slot; anywhere, a
-        failover that lost the group's creation (then it persists, and the log
-        says what to do)."""
+        deleted, the topic made anew, or no partition has the group any more (a
+        deletion under way, or one that stopped half done); otherwise raise
+        UnavailableError, which the engine retries after its backoff. With the
+        records in place and the group on other partitions, a missing group is
+        a node that has not caught up: on a cluster, a node answering from an
+        older view of a failover or a moved slot; anywhere, a failover that
+        lost the group's creation (then it persists, and the log says what to
+        do)."""
         subscription = await self.get_subscription(group)  # UnavailableError: retried
         current = await self.get_topic(topic.name)
-        if subscription is None or subscription.topic != topic.name or current != topic:
+        if (
+            subscription is None
+            or subscription.topic != topic.name
+            or current is None
+            or _identity(current) != _identity(topic)
+            or not await self._group_anywhere(topic, group)
+        ):
             return
         raise UnavailableError(
             f"a partition of topic {topic.name!r} has no consumer group {group!r} on the node "
-            f"that answered, though the subscription exists ({exc.__cause__}): a node behind "
-            "a failover or a slot move answers so for moments; if it persists, the group was "
-            "lost (a failover lost its last writes, or a key was deleted by hand): delete "
-            "and create the subscription again"
+            f"that answered, though the subscription exists ({exc.__cause__ or exc}): a node "
+            "behind a failover or a slot move answers so for moments; if it persists, the "
+            "group was lost (a failover lost its last writes, or a key was deleted by hand): "
+            "delete and create the subscription again"
         ) from exc
+
+    async def _group_anywhere(self, topic: TopicRecord, group: str) -> bool:
+        """Whether some partition of ``topic`` has the consumer group ``group``."""
+        with self._errors():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self._keys(topic):
+                    pipe.xinfo_groups(key)
+                results = await pipe.execute(raise_on_error=False)
+        wanted = group.encode()
+        for result in results:
+            if isinstance(result, Exception):
+                if _is_missing(result):
+                    continue
+                with self._errors():
+                    raise result
+            if any(g["name"] in (group, wanted) for g in result):
+                return True
+        return False
 
     @_group_checked
     async def read(
@@ -1250,7 +1281,6 @@ class RedisBackend:
             replies = await self._evalsha_many(self._delete_idle_consumers, calls)
         return sorted({name.decode() for reply in replies for name in reply})
 
-    @_group_checked
     async def own_partitions(
         self,
         topic: TopicRecord,

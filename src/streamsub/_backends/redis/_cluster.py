@@ -285,6 +285,19 @@ class _NodeClient:
         self.connection_pool = _NodePool(node)
 
 
+async def _first_set(events: set[asyncio.Event], timeout: float | None) -> None:
+    """Return once one of ``events`` is set or ``timeout`` seconds passed."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        if waiters:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        elif timeout is not None:
+            await asyncio.sleep(timeout)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 class _ClusterAppender:
     """In-order connections per node for appends, routed by a slot map of its own.
 
@@ -293,9 +306,9 @@ class _ClusterAppender:
     again after a redirect leaves before any later batch of its slot.
 
     A write for a node that refuses connections (a master killed and not yet
-    replaced) waits, and holds its slot (``_holds``) while it does: later
-    writes for that slot wait behind it, so they do not overtake it; writes
-    for other slots go on at once (the lock is not held while it waits).
+    replaced) waits, and later writes for its slot wait behind it (``_tails``),
+    so they do not overtake it; writes for other slots go on at once (the lock
+    is not held while it waits).
     """
 
     def __init__(self, client: RedisCluster, *, timeout: float) -> None:
@@ -306,8 +319,10 @@ class _ClusterAppender:
         self._slot_node: dict[int, str] = {}
         self._connections: dict[str, InOrderConnection] = {}
         self._refresh = False
-        self._holds: dict[int, asyncio.Event] = {}
-        """Slots whose writes wait for a refusing node: set when they left or failed."""
+        self._tails: dict[int, asyncio.Event] = {}
+        """Per slot, the event of the newest call with a write for it: set once
+        that write left (or never will); the next call's write for the slot
+        waits for it."""
 
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
@@ -352,7 +367,10 @@ class _ClusterAppender:
         for _ in range(MAX_REDIRECTS + 1):
             sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
             waits: dict[str, asyncio.Future[Any]] = {}
-            await self._send_all(commands, todo, after, sent, waits)
+            unsent: dict[int, Exception] = {}
+            await self._send_all(commands, todo, after, sent, waits, unsent)
+            for i, exc in unsent.items():
+                replies[i] = exc
             todo = []
             stored: dict[str, list[int]] = {}
             for i, name, asking, future in sent:
@@ -411,63 +429,75 @@ class _ClusterAppender:
         after: tuple[Any, ...] | None,
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
+        unsent: dict[int, Exception],
     ) -> None:
         """Route and send ``todo``, adding each command's reply future to
-        ``sent`` and each node's ``after`` to ``waits``.
+        ``sent``, each node's ``after`` to ``waits``, and the error of each
+        command that could not be sent to ``unsent`` (the others' fates are
+        their own: a node that fails fails only its commands).
 
-        A node that refuses a new connection (a master killed and not yet
-        replaced) got nothing: its commands are routed afresh from a new view of
-        the cluster and sent again, with growing pauses, until the socket
-        timeout; so a publish stalls through a failover instead of failing.
-        Their slots are held meanwhile (later writes for them wait), and only
-        they: the lock is let go between tries."""
+        Writes of one slot leave in the order of the calls: as a call begins it
+        queues, per slot, behind the previous call with a write for that slot,
+        and a write leaves once the one before it left. A node that refuses a
+        new connection (a master killed and not yet replaced) got nothing: its
+        commands are routed afresh from a new view of the cluster and sent
+        again, with growing pauses, until the socket timeout; so a publish
+        stalls through a failover instead of failing. Only the writes queued
+        behind them in their slots wait: the lock is let go between tries."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         pause = 0.05
-        mine: dict[int, asyncio.Event] = {}
 
         def slot_of(i: int) -> int:
             return key_slot(_keys_text(commands[i][3]))
 
-        def others_holding() -> list[asyncio.Event]:
-            # A redirected write (its target known) is older than any hold.
-            return [
-                event
-                for i, target, _ in todo
-                if target is None
-                and (event := self._holds.get(slot_of(i))) is not None
-                and mine.get(slot_of(i)) is not event
-            ]
+        # Queued before any await, so the order of entry is the order of the
+        # calls. A redirected write (its target known) is a resend of one that
+        # left in its turn: it waits for nothing.
+        behind: dict[int, asyncio.Event] = {}
+        mine: dict[int, asyncio.Event] = {}
+        for i, target, _ in todo:
+            slot = slot_of(i)
+            if target is None and slot not in mine:
+                previous = self._tails.get(slot)
+                if previous is not None and not previous.is_set():
+                    behind[slot] = previous
+                mine[slot] = self._tails[slot] = asyncio.Event()
+
+        def ready(item: tuple[int, str | None, bool]) -> bool:
+            previous = behind.get(slot_of(item[0]))
+            return item[1] is not None or previous is None or previous.is_set()
 
         try:
             while todo:
-                if blocking := others_holding():
-                    await asyncio.gather(*(event.wait() for event in blocking))
-                    continue
-                async with self._lock:
-                    if others_holding():  # taken while this call waited for the lock
-                        continue
-                    refused = await self._send_routed(commands, todo, after, sent, waits)
+                go = [item for item in todo if ready(item)]
+                waiting = [item for item in todo if not ready(item)]
+                refused: list[tuple[int, str | None, bool]] = []
+                if go:
+                    async with self._lock:
+                        refused = await self._send_routed(commands, go, after, sent, waits, unsent)
                     held = {slot_of(i) for i, _, _ in refused}
-                    for slot in [slot for slot in mine if slot not in held]:
-                        self._holds.pop(slot, None)
-                        mine.pop(slot).set()
-                    for slot in held - mine.keys():
-                        mine[slot] = self._holds[slot] = asyncio.Event()
-                todo = refused
-                if todo:
-                    if loop.time() + pause > deadline:
-                        raise _NotConnected(
-                            f"no node took slot {slot_of(todo[0][0])} within "
-                            f"{self._timeout:g} s: its master refuses connections"
+                    for i, _, _ in go:
+                        if slot_of(i) not in held and slot_of(i) in mine:
+                            mine[slot_of(i)].set()
+                if refused and loop.time() + pause > deadline:
+                    for i, _, _ in refused:
+                        unsent[i] = _NotConnected(
+                            f"no node took slot {slot_of(i)} within {self._timeout:g} s: "
+                            "its master refuses connections"
                         )
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, 1.0)
+                    refused = []
+                todo = waiting + refused  # a slot's writes are all in one of the two
+                if todo:
+                    events = {behind[slot_of(i)] for i, _, _ in waiting}
+                    await _first_set(events, pause if refused else None)
+                    if refused:
+                        pause = min(pause * 2, 1.0)
         finally:
             for slot, event in mine.items():
-                if self._holds.get(slot) is event:
-                    del self._holds[slot]
                 event.set()
+                if self._tails.get(slot) is event:
+                    del self._tails[slot]
 
     async def _send_routed(
         self,
@@ -476,6 +506,7 @@ class _ClusterAppender:
         after: tuple[Any, ...] | None,
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
+        unsent: dict[int, Exception],
     ) -> list[tuple[int, str | None, bool]]:
         """One try of :meth:`_send_all` (under the lock); return the commands of
         nodes that refused a connection, to be routed afresh."""
@@ -500,10 +531,15 @@ class _ClusterAppender:
                 self._connections.pop(name, None)
                 refused += [(i, None, False) for i, _ in items]
                 continue
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError):
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                 self._forget(name)
-                raise
+                for i, _ in items:
+                    unsent[i] = exc
+                continue
             if after is not None:
+                earlier = waits.get(name)
+                if earlier is not None:  # the later wait covers its writes too
+                    earlier.add_done_callback(lambda f: f.cancelled() or f.exception())
                 waits[name] = futures.pop()
             futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
             sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
