@@ -638,8 +638,9 @@ class RedisClusterBackend(RedisBackend):
     ) -> None:
         self._idle: dict[tuple[str, str, str], float] = {}
         # A read whose poll failed on some partitions and read entries from
-        # others returns the entries; the error is raised by the reader's next
-        # read (so it is logged and retried, not hidden by a busy partition).
+        # others returns the entries; the error is raised by the next read of
+        # that consumer (any of its readers), so it is logged and retried, not
+        # hidden by a busy partition.
         self._deferred: dict[tuple[str, str, str], Exception] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
         self._replicas: dict[str, InOrderConnection] = {}
