@@ -797,12 +797,9 @@ class RedisBackend:
                 commands.append(
                     ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
                 )
-        # A connection lost under a write: its outcome is unknown, and so is
-        # that of every write on that connection, which all fail with it (one
-        # connection on one server; one per node on a cluster, so a node that
-        # fails fails only its partitions' writes).
         with self._errors():
             replies, confirmations = await self._append_many(commands, self._behind())
+            self._raise_lost(replies)
         results: dict[int, list[str] | StreamsubError] = {}
         for p, reply in zip(partitions, replies, strict=True):
             if isinstance(reply, Exception):
@@ -819,6 +816,15 @@ class RedisBackend:
                     if not isinstance(results[partitions[i]], StreamsubError):
                         results[partitions[i]] = error
         return results
+
+    def _raise_lost(self, replies: Sequence[Any]) -> None:
+        """Raise a lost connection found among a write's replies: the outcome of
+        every write on it is unknown, and on one server that is all of them,
+        so the call fails as a whole (and the publisher fails what is queued
+        behind it at once, not one socket timeout a batch)."""
+        for reply in replies:
+            if isinstance(reply, rexc.ConnectionError | rexc.TimeoutError | OSError):
+                raise reply
 
     def _behind(self) -> tuple[Any, ...] | None:
         """What is sent behind a batch to wait for its durability (Durability)."""

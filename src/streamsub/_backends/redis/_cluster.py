@@ -683,6 +683,10 @@ class RedisClusterBackend(RedisBackend):
     def _in_order(self, socket_timeout: float) -> Any:
         return _ClusterAppender(self._redis, timeout=socket_timeout)
 
+    def _raise_lost(self, replies: Sequence[Any]) -> None:
+        """A node's lost connection fails only the writes that were on it (each
+        reply its error): the other masters' partitions keep their results."""
+
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         with super()._errors():
