@@ -244,27 +244,40 @@ class Tracer:
         return "\n".join(lines)
 
 
+class Tally:
+    """Counts what a subscriber handled: shares the count with the parent,
+    takes the tracer's early and late snapshots, and says when all are in."""
+
+    def __init__(self, job: Job, handled: Any, tracer: Tracer) -> None:
+        self.n = job.n
+        self.handled = handled
+        self.tracer = tracer
+        self.count = 0
+        self.done = asyncio.Event()
+
+    def one(self) -> None:
+        self.count += 1
+        self.handled.value = self.count
+        if self.count == EARLY:
+            self.tracer.at_early()
+        if self.count == self.n:
+            self.tracer.at_end()
+            self.done.set()
+
+
 async def consume_streamsub(job: Job, handled: Any, tracer: Tracer) -> None:
     import streamsub
 
-    done = asyncio.Event()
-    count = 0
+    tally = Tally(job, handled, tracer)
 
     async def handler(message: streamsub.Message) -> None:
-        nonlocal count
-        count += 1
-        handled.value = count
-        if count == EARLY:
-            tracer.at_early()
-        if count >= job.n:
-            tracer.at_end()
-            done.set()
+        tally.one()
 
     async with (
         streamsub.connect(job.url) as client,
         client.subscribe(job.group, handler),
     ):
-        await done.wait()
+        await tally.done.wait()
 
 
 async def consume_handwritten(job: Job, handled: Any, tracer: Tracer) -> None:
@@ -272,17 +285,13 @@ async def consume_handwritten(job: Job, handled: Any, tracer: Tracer) -> None:
 
     stream = stream_name("handwritten", job.n)
     client = Redis.from_url(job.url)
-    count = 0
+    tally = Tally(job, handled, tracer)
 
     async def handler(data: bytes) -> None:
-        nonlocal count
-        count += 1
-        handled.value = count
-        if count == EARLY:
-            tracer.at_early()
+        tally.one()
 
     try:
-        while count < job.n:
+        while tally.count < job.n:
             reply = await client.xreadgroup(
                 job.group, "consumer-1", {stream: ">"}, count=READ_COUNT, block=1000
             )
@@ -292,7 +301,6 @@ async def consume_handwritten(job: Job, handled: Any, tracer: Tracer) -> None:
                     await handler(fields[b"d"])
                     ids.append(entry_id)
                 await client.xack(stream, job.group, *ids)
-        tracer.at_end()
     finally:
         await client.aclose()
 
@@ -301,8 +309,7 @@ async def consume_faststream(job: Job, handled: Any, tracer: Tracer) -> None:
     from faststream.redis import RedisBroker, StreamSub
 
     broker = RedisBroker(job.url, logger=None)  # type: ignore[arg-type]
-    done = asyncio.Event()
-    count = 0
+    tally = Tally(job, handled, tracer)
 
     @broker.subscriber(
         stream=StreamSub(
@@ -313,18 +320,11 @@ async def consume_faststream(job: Job, handled: Any, tracer: Tracer) -> None:
         )
     )
     async def handle(data: bytes) -> None:
-        nonlocal count
-        count += 1
-        handled.value = count
-        if count == EARLY:
-            tracer.at_early()
-        if count >= job.n:
-            tracer.at_end()
-            done.set()
+        tally.one()
 
     await broker.start()  # the group exists (at 0): FastStream keeps it
     try:
-        await done.wait()
+        await tally.done.wait()
     finally:
         await asyncio.wait_for(broker.stop(), timeout=30)
 

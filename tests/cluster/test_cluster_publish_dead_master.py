@@ -27,6 +27,14 @@ def _keys_of(partition: int, count: int) -> list[str]:
     return [k for k in keys if streamsub.fnv1a_32(k.encode()) % PARTITIONS == partition][:count]
 
 
+def _placed(cluster: RedisClusterServers) -> tuple[dict[int, int], list[int]]:
+    """Topic "halves": each partition's master port, and the partitions not on
+    partition 0's master."""
+    slots = [partition_slot(cluster, "halves", p) for p in range(PARTITIONS)]
+    ports = {p: owner_port(cluster, slot) for p, slot in enumerate(slots)}
+    return ports, [p for p in range(PARTITIONS) if ports[p] != ports[0]]
+
+
 def _key_of(partition: int) -> str:
     return _keys_of(partition, 1)[0]
 
@@ -42,10 +50,7 @@ async def test_publishes_to_healthy_masters_do_not_wait_for_a_dead_one(
     cluster = slow_cluster
     async with streamsub.connect(cluster.url) as client:
         await client.create_topic("halves", partitions=PARTITIONS)
-        ports = {
-            p: owner_port(cluster, partition_slot(cluster, "halves", p)) for p in range(PARTITIONS)
-        }
-        healthy = [p for p in range(PARTITIONS) if ports[p] != ports[0]]
+        ports, healthy = _placed(cluster)
         assert healthy
         for p in range(PARTITIONS):  # every node's connection made before the kill
             await client.publish("halves", b"warm", ordering_key=_key_of(p))
@@ -94,10 +99,7 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
     cluster = slow_cluster
     async with streamsub.connect(cluster.url) as client:
         await client.create_topic("halves", partitions=PARTITIONS)
-        ports = {
-            p: owner_port(cluster, partition_slot(cluster, "halves", p)) for p in range(PARTITIONS)
-        }
-        healthy = [p for p in range(PARTITIONS) if ports[p] != ports[0]]
+        ports, healthy = _placed(cluster)
         healthy_keys = [key for p in healthy for key in _keys_of(p, 3)]
         dead_keys = _keys_of(0, 4)
         for key in healthy_keys + dead_keys:  # every node's connection made before the kill
