@@ -183,6 +183,14 @@ def _identity(topic: TopicRecord) -> tuple[Any, ...]:
     return (topic.name, topic.created, topic.partitions, topic.layout, topic.salts)
 
 
+def _no_group(exc: Exception) -> bool:
+    """A NOGROUP reply: plain, or from a command inside a script (Redis 7
+    passes the code through; 6.2 wraps it: "ERR Error running script ...:
+    @user_script:N: NOGROUP ...")."""
+    text = str(exc)
+    return text.startswith("NOGROUP") or ("@user_script" in text and ": NOGROUP " in text)
+
+
 def _is_missing(exc: Exception) -> bool:
     """A reply error that says the stream or the group does not exist."""
     text = str(exc)
@@ -429,7 +437,7 @@ class RedisBackend:
                     f"a topic was deleted while in use ({exc}): create it again with "
                     "create_topic() before publishing"
                 ) from exc
-            if str(exc).startswith("NOGROUP"):
+            if _no_group(exc):
                 raise SubscriptionNotFoundError(
                     f"a subscription's consumer group is gone ({exc}): the subscription or "
                     "its topic was deleted; create it again with create_subscription()"
