@@ -174,3 +174,13 @@ def kill_master(cluster: RedisClusterServers, slot: int, *, restart: bool = True
         server.start()
     cluster.wait_ready()
     return Strike(old, new, started, promoted, time.monotonic())
+
+
+def assert_nothing_pending(cluster: RedisClusterServers, tags: Sequence[str], group: str) -> None:
+    """No partition (by its hash tag) has an entry pending in ``group``."""
+    inspect = cluster.client()
+    try:
+        for tag in tags:
+            assert inspect.xpending(_keys.stream_key(tag), group)["pending"] == 0, tag
+    finally:
+        inspect.close()

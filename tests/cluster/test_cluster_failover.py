@@ -14,7 +14,13 @@ from streamsub._backends.redis import _keys
 from streamsub._engine._retrying import ERROR_BACKOFF
 from streamsub.testing import RedisClusterServers
 from tests._wait import until
-from tests.cluster._helpers import Strike, failover, kill_master, partition_slot
+from tests.cluster._helpers import (
+    Strike,
+    assert_nothing_pending,
+    failover,
+    kill_master,
+    partition_slot,
+)
 
 
 async def test_durability_waits_for_replicas_and_fails_when_too_few_confirm(
@@ -113,12 +119,7 @@ async def run_through(
     assert strike.old != strike.new
     assert len(ids) + failed == total
     assert len(ids) >= total // 2
-    inspect = cluster.client()
-    try:
-        for tag in tags:
-            assert inspect.xpending(_keys.stream_key(tag), f"{topic}-sub")["pending"] == 0
-    finally:
-        inspect.close()
+    assert_nothing_pending(cluster, tags, f"{topic}-sub")
 
 
 async def test_a_manual_failover_under_traffic_loses_no_published_message(

@@ -15,7 +15,7 @@ import streamsub
 from streamsub._backends.redis import _keys
 from streamsub.testing import RedisClusterServers
 from tests._wait import until
-from tests.cluster._helpers import owner_port, partition_slot
+from tests.cluster._helpers import assert_nothing_pending, owner_port, partition_slot
 
 
 def _kill_clients(cluster: RedisClusterServers, rounds: int) -> int:
@@ -107,12 +107,7 @@ async def _consume_through(
         if r.levelno >= logging.ERROR and r.name.startswith("streamsub")
     ]
     assert errors == []
-    inspect = cluster.client()
-    try:
-        for tag in tags:
-            assert inspect.xpending(_keys.stream_key(tag), f"{topic}-sub")["pending"] == 0
-    finally:
-        inspect.close()
+    assert_nothing_pending(cluster, tags, f"{topic}-sub")
 
 
 @pytest.mark.timeout(120)
