@@ -6,13 +6,16 @@ topic, or are nacked when there is none; entries out of delivery attempts are
 dead-lettered. The last two stay counted in flow control until the settler has
 sent them, so a sweep over a long pending list cannot load it all into memory.
 While the receiver stops, what arrives is given back without counting a
-delivery.
+delivery; so is what arrives, on an ordered subscription, from a partition
+being handed over (a read or sweep sent before the hand-over began): the
+waiting messages of its keys went back when it began, so a later message of a
+key must not start here ahead of them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from .. import metrics
 from .._backends.base import Entry, Reclaimed
@@ -43,11 +46,15 @@ class Intake:
         has_dead_letter_topic: bool,
         wall_clock: Callable[[], float],
         fencing: Callable[[int], int] | None = None,
+        handing_over: Callable[[], Collection[int]] | None = None,
     ) -> None:
         self._topic = topic
         self._fencing = fencing
         """On an ordered subscription: a partition's fencing token now (0: not ours),
         which each message taken carries, so that it starts only while it holds."""
+        self._handing_over = handing_over
+        """On an ordered subscription: the partitions being handed over now, whose
+        entries go back as they arrive."""
         self._group = group
         self._inventory = inventory
         self._settler = settler
@@ -73,10 +80,22 @@ class Intake:
         if self.stopping:
             self._inventory.take([], grant, aside=self._give_back(entries, reclaimed))
             return
+        aside: list[int] = []
+        leaving = self._handing_over() if self._handing_over is not None else ()
+        if leaving:
+            kept = [i for i, entry in enumerate(entries) if entry.partition not in leaving]
+            if len(kept) < len(entries):
+                back = [i for i, entry in enumerate(entries) if entry.partition in leaving]
+                aside = self._give_back(
+                    [entries[i] for i in back],
+                    [reclaimed[i] for i in back] if reclaimed is not None else None,
+                )
+                entries = [entries[i] for i in kept]
+                if reclaimed is not None:
+                    reclaimed = [reclaimed[i] for i in kept]
         delivered_ms = int(self._wall_clock() * 1000)
         settling, group = self._settler, self._group
         messages: list[Message] = []
-        aside: list[int] = []
         redelivered = 0
         for index, (partition, entry_id, fields, count) in enumerate(entries):
             # The receive path's tightest loop: a read's first delivery of the
@@ -133,8 +152,9 @@ class Intake:
             metrics.on_delivered(self._group, len(messages), redelivered=redelivered)
 
     def _give_back(self, entries: list[Entry], reclaimed: Sequence[Reclaimed] | None) -> list[int]:
-        """Give back what arrives while stopping; return the sizes held aside (out of
-        attempts: dead-lettered all the same)."""
+        """Give back what arrives while stopping, or from a partition being handed
+        over; return the sizes held aside (out of attempts: dead-lettered all the
+        same)."""
         aside: list[int] = []
         for index, entry in enumerate(entries):
             item = reclaimed[index] if reclaimed is not None else None

@@ -64,6 +64,7 @@ import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Set as AbstractSet
 
 from .._backends.base import Backend, TopicRecord
 from .._errors import NotFoundError, StreamsubError, UnavailableError
@@ -199,6 +200,12 @@ class PartitionOwner:
         self._wake.set()
         for task in self._tasks:
             task.cancel()
+
+    @property
+    def handing_back(self) -> AbstractSet[int]:
+        """Partitions being handed over: neither read nor swept, what arrives from
+        them goes back (a view, not a copy)."""
+        return self._handing_back
 
     def surely_owned(self) -> dict[int, int]:
         """The partitions (and tokens) surely ours now: none once the lease may

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
 from .. import metrics
@@ -189,6 +190,7 @@ class Receiver:
             has_dead_letter_topic=dead_letter_topic is not None,
             wall_clock=wall_clock,
             fencing=self._token if ordered else None,
+            handing_over=self._handing_over if ordered else None,
         )
         self._dispatcher = Dispatcher(
             handler,
@@ -370,13 +372,18 @@ class Receiver:
             )
 
     def _busy(self, partition: int) -> bool:
-        """Whether a message of ``partition`` is held, or a read or sweep of it is
-        at the server (a partition is handed over only when not)."""
+        """Whether a message of ``partition`` is held, entries of it are being given
+        back, or a read or sweep of it is at the server (a partition is handed
+        over only when not)."""
         return (
             self._inventory.holds(partition)
+            or self._settler.giving_back(partition)
             or any(partition in reader.partitions_read for reader in self._readers)
             or self._reclaimer.sweeping(partition)
         )
+
+    def _handing_over(self) -> AbstractSet[int]:
+        return self._owner.handing_back if self._owner is not None else frozenset()
 
     def statistics(self) -> ReceiverStatistics:
         """A snapshot of the counters."""

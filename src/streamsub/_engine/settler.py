@@ -349,6 +349,10 @@ class Settler:
             + len(self._dead_letters)
         )
 
+    def giving_back(self, partition: int) -> bool:
+        """Whether nacks or give-backs of ``partition`` are queued or being sent."""
+        return bool(self._nacks.get(partition) or self._flight[1].get(partition))
+
     async def run(self) -> None:
         """Send queued requests until closed and empty."""
         errors = Backoff()
