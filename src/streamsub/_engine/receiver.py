@@ -168,6 +168,7 @@ class Receiver:
             clock=clock,
             tokens=self._owned_tokens if ordered else None,
             fenced=self._fenced,
+            leaving=self._handing_over,
         )
         self._settler = Settler(
             **common,

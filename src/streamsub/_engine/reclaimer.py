@@ -8,7 +8,11 @@ like a reader, asking for priority when idle reads hold it all; the entries its
 own handlers still hold are left alone. Every so often it also deletes the
 group's consumers that are idle and hold nothing. On an ordered subscription
 its sweeps are fenced as reads are (``tokens``): a partition whose fence holds
-a newer owner's token is not swept but reported ``fenced``.
+a newer owner's token is not swept but reported ``fenced``; and a sweep
+started before a partition began to be handed over (``leaving``) sends
+nothing more for it: it counts as busy (holding the move) only while a call
+naming it is at the server, not while the sweep waits for flow-control room
+that another partition's slow key may hold for long.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from .. import metrics
 from .._backends.base import FENCED, Backend, Reclaimed, TopicRecord
@@ -58,8 +62,10 @@ class Reclaimer:
         clock: Callable[[], float],
         tokens: Callable[[], Mapping[int, int]] | None = None,
         fenced: Callable[[list[int]], None] = lambda partitions: None,
+        leaving: Callable[[], Collection[int]] = frozenset,
     ) -> None:
         self._backend = backend
+        self._leaving = leaving
         self._topic = topic
         self._group = group
         self._tokens = tokens
@@ -80,7 +86,8 @@ class Reclaimer:
         self.at_server = False
         """True while a reclaim call is at the server (stop lets it finish)."""
         self._sweeping: collections.Counter[int] = collections.Counter()
-        """Partitions of the sweeps under way (a periodic one and take-overs)."""
+        """Partitions named by the reclaim calls at the server now (a periodic
+        sweep's, take-overs', recoveries')."""
 
     def wake_in(self, seconds: float) -> None:
         """Sweep ``seconds`` from now (a nack is due then), unless sooner already."""
@@ -133,32 +140,24 @@ class Reclaimer:
     async def sweep(self) -> None:
         """One pass over the idle pending entries of the partitions this subscriber
         reads."""
-        await self._pass(self._assignment.swept, self._min_idle_ms, take_parked=False)
+        await self._sweep(self._assignment.swept, self._min_idle_ms, take_parked=False)
 
     async def take_over(self, partitions: list[int]) -> list[int]:
         """Take every entry still pending in ``partitions`` (newly owned), idle or
         not, nacked ones whose backoff runs included (so that no later message of
         their key overtakes them), but for those this subscriber holds. Returns
         the partitions whose sweep was cut short: no longer surely ours."""
-        return await self._pass(partitions, 0, take_parked=True)
+        return await self._sweep(partitions, 0, take_parked=True)
 
     async def recover(self, partitions: list[int]) -> None:
         """Take back every entry pending in ``partitions``, idle or not, but for
         those this subscriber holds and nacks waiting out their backoff: a read
         whose reply was lost may have delivered them here."""
-        await self._pass(partitions, 0, take_parked=False)
-
-    async def _pass(
-        self, partitions: list[int], min_idle_ms: int, *, take_parked: bool
-    ) -> list[int]:
-        self._sweeping.update(partitions)
-        try:
-            return await self._sweep(partitions, min_idle_ms, take_parked)
-        finally:
-            self._sweeping.subtract(partitions)
+        await self._sweep(partitions, 0, take_parked=False)
 
     def sweeping(self, partition: int) -> bool:
-        """Whether a sweep of ``partition`` is under way."""
+        """Whether a reclaim call naming ``partition`` is at the server (what it
+        brings is not delivered yet)."""
         return self._sweeping[partition] > 0
 
     async def _sweep(self, partitions: list[int], min_idle_ms: int, take_parked: bool) -> list[int]:
@@ -169,6 +168,14 @@ class Reclaimer:
         cut: list[int] = []
         while cursors and not self._stopping:
             grant = await inventory.reserve(RECLAIM_BATCH * len(cursors), priority=True)
+            # Partitions being handed over (maybe since the reservation began)
+            # are their next owner's to take over: nothing more is claimed there.
+            leaving = self._leaving()
+            if leaving:
+                cursors = {p: c for p, c in cursors.items() if p not in leaving}
+                if not cursors:
+                    inventory.unreserve(grant)
+                    break
             tokens = None if self._tokens is None else self._tokens()
             if tokens is not None:
                 # Ordered: only partitions surely ours now, checked before each
@@ -185,6 +192,7 @@ class Reclaimer:
                 batch = cursors
                 count = min(RECLAIM_BATCH, grant.messages // len(cursors))
             self.at_server = True
+            self._sweeping.update(list(batch))
             try:
                 found, next_cursors = await self._backend.reclaim(
                     self._topic,
@@ -204,7 +212,9 @@ class Reclaimer:
                 inventory.unreserve(grant)
                 raise
             finally:
+                # What it brought is delivered below, before the next await.
                 self.at_server = False
+                self._sweeping.subtract(list(batch))
             taken: list[Reclaimed] = []
             for item in found:
                 entry = item.entry
