@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -29,7 +30,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from .. import metrics
 from .._backends.base import (
@@ -476,8 +477,8 @@ class Adapter:
             self._carried.setdefault(key, []).extend(outstanding)
 
     def _holds(self, name: str, partition: int) -> bool:
-        """Whether this process has deliveries of ``partition`` out, or a read of it
-        under way (whose entries are not in the lease table yet)."""
+        """Whether this process has deliveries of ``partition`` out, or a read or
+        sweep of it under way (whose entries are not in the lease table yet)."""
         if any(partition in puller.reading for puller in self._users.get(name, ())):
             return True
         table = self._tables.get(name)
@@ -787,8 +788,7 @@ class Puller:
         self.view = view
         self.stream = stream
         self.last_pull = adapter._clock()
-        self.reading: frozenset[int] = frozenset()
-        """Partitions a read of this puller is waiting on now."""
+        self._in_transit: collections.Counter[int] = collections.Counter()
         self.consumer = consumer
         self.max_messages = max_messages
         self.max_bytes = max_bytes
@@ -804,6 +804,24 @@ class Puller:
         self.delivered = 0
         self.redelivered = 0
         self.dead_lettered = 0
+
+    @property
+    def reading(self) -> frozenset[int]:
+        """Partitions whose entries are on their way to this puller: a read or sweep
+        of them is at the server, or what it brought is not all in the lease
+        table yet (an ordered partition is not handed over meanwhile: its new
+        owner would take those entries over too, and deliver them again)."""
+        return frozenset(p for p, n in self._in_transit.items() if n > 0)
+
+    @contextlib.contextmanager
+    def _transit(self, partitions: Iterable[int]) -> Iterator[None]:
+        """Count ``partitions`` in :attr:`reading` for the block."""
+        counted = list(set(partitions))
+        self._in_transit.update(counted)
+        try:
+            yield
+        finally:
+            self._in_transit.subtract(counted)
 
     @property
     def outstanding(self) -> int:
@@ -899,13 +917,8 @@ class Puller:
         return await self._accept(entries, None)
 
     async def _read(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
-        # Partitions under read count as held: an ordered partition is not handed
-        # over while entries read from it are on their way into the lease table.
-        self.reading = frozenset(partitions)
-        try:
+        with self._transit(partitions):
             return await self._read_some(partitions, budget, block_ms)
-        finally:
-            self.reading = frozenset()
 
     async def _read_some(self, partitions: list[int], budget: int, block_ms: int) -> list[Entry]:
         entries: list[Entry] = []
@@ -962,25 +975,26 @@ class Puller:
         count = max(1, budget // len(scan))
         attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
         membership = adapter.membership(view.name) if view.ordering else None
-        found, cursors = await adapter._backend.reclaim(
-            view.topic,
-            view.name,
-            self.consumer,
-            scan,
-            int(view.ack_deadline * 1000),
-            count,
-            attempts,
-            tokens=self._tokens(membership),
-        )
-        for partition, cursor in cursors.items():
-            if cursor in ("0-0", FENCED):
-                del self._cursors[partition]
-            else:
-                self._cursors[partition] = cursor
-        self._fenced_out(membership, cursors)
-        if not self._cursors:
-            self._end_sweep()
-        return await self._claimed(found)
+        with self._transit(scan):
+            found, cursors = await adapter._backend.reclaim(
+                view.topic,
+                view.name,
+                self.consumer,
+                scan,
+                int(view.ack_deadline * 1000),
+                count,
+                attempts,
+                tokens=self._tokens(membership),
+            )
+            for partition, cursor in cursors.items():
+                if cursor in ("0-0", FENCED):
+                    del self._cursors[partition]
+                else:
+                    self._cursors[partition] = cursor
+            self._fenced_out(membership, cursors)
+            if not self._cursors:
+                self._end_sweep()
+            return await self._claimed(found)
 
     async def _take_over(self, partitions: list[int], budget: int) -> list[Received]:
         """Sweep newly owned partitions of an ordered subscription whole: every
@@ -994,23 +1008,24 @@ class Puller:
         scan = {p: membership.taking[p] for p in partitions[:budget]}
         table = adapter._tables.get(view.name)
         attempts = view.max_delivery_attempts if view.dead_letter_topic is not None else 0
-        found, cursors = await adapter._backend.reclaim(
-            view.topic,
-            view.name,
-            self.consumer,
-            scan,
-            0,
-            max(1, budget // len(scan)),
-            attempts,
-            {} if table is None else table.ids_of(scan),  # this gateway's own deliveries
-            take_parked=True,
-            tokens=self._tokens(membership),
-        )
-        for partition in scan:
-            cursor = cursors.get(partition, "0-0")
-            membership.swept(partition, "0-0" if cursor == FENCED else cursor)
-        self._fenced_out(membership, cursors)
-        return await self._claimed(found)
+        with self._transit(scan):
+            found, cursors = await adapter._backend.reclaim(
+                view.topic,
+                view.name,
+                self.consumer,
+                scan,
+                0,
+                max(1, budget // len(scan)),
+                attempts,
+                {} if table is None else table.ids_of(scan),  # this gateway's own deliveries
+                take_parked=True,
+                tokens=self._tokens(membership),
+            )
+            for partition in scan:
+                cursor = cursors.get(partition, "0-0")
+                membership.swept(partition, "0-0" if cursor == FENCED else cursor)
+            self._fenced_out(membership, cursors)
+            return await self._claimed(found)
 
     def _tokens(self, membership: Membership | None) -> dict[int, int] | None:
         """An ordered subscription's fencing tokens (see ``_read_once``)."""
@@ -1096,6 +1111,12 @@ class Puller:
             metrics.on_dead_lettered(view.name)
 
     async def _accept(self, entries: list[Entry], first_ms: list[int] | None) -> list[Received]:
+        # Until the last entry is in the lease table (undecodable ones cost a
+        # Redis call each), the partitions still count as read.
+        with self._transit(entry.partition for entry in entries):
+            return await self._accept_all(entries, first_ms)
+
+    async def _accept_all(self, entries: list[Entry], first_ms: list[int] | None) -> list[Received]:
         view = self.view
         adapter = self._adapter
         now = adapter._clock()
