@@ -28,7 +28,7 @@ from tests.ordered_faults._keys import ordered
 FOREIGN = 6000
 
 
-@pytest.mark.skipif(ON_CLUSTER, reason="one gateway pair on one server is enough")
+@pytest.mark.skipif(ON_CLUSTER, reason="builds standalone RedisBackends directly")
 @pytest.mark.timeout(90)
 async def test_entries_on_their_way_to_the_lease_table_hold_the_handover(
     client: streamsub.Client, server: RedisServer, redis_client: redis.Redis
