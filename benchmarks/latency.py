@@ -3,7 +3,8 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/latency.py [--rates 100,1000,10000] [--duration 5]
-        [--warmup 1] [--rounds 3] [--only name,name] [--json out.json] [--plot out.png]
+        [--warmup 1] [--rounds 3] [--only name,name] [--cluster] [--json out.json]
+        [--plot out.png]
 
 For each rate and implementation a round spawns a consumer process, waits until
 it is subscribed, then spawns a publisher process that publishes at that steady
@@ -13,7 +14,11 @@ seconds. Every message carries its send time (``time.time_ns()``, the same
 CLOCK_REALTIME in both processes); the consumer's handler records now minus that
 time. Messages published during the warm-up are received but left out of the
 percentiles. Rounds interleave the implementations and rotate who goes first;
-the tables show medians over rounds of each percentile. See benchmarks/README.md.
+the tables show medians over rounds of each percentile. With ``--cluster`` a
+private 3-master Redis Cluster runs too, and each implementation that has a
+cluster variant runs there as well, as ``name@cluster``; a second table sets
+their percentiles against ``handwritten@cluster`` and against the same
+implementation on the one server. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -39,12 +44,11 @@ for entry in (str(BENCH_DIR), str(REPO_SRC)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-import redis.asyncio as aioredis  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import servers  # noqa: E402
-from impls import REGISTRY, load_available  # noqa: E402
+from impls import CLUSTER, REGISTRY, baseline_of, instantiate, load_available  # noqa: E402
 from impls.base import (  # noqa: E402
     MIN_SIZE,
     Env,
@@ -123,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=list(DEFAULT_ONLY),
         help=f"comma-separated implementations (default: {','.join(DEFAULT_ONLY)})",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also start a private 3-master Redis Cluster and run each implementation "
+        "that has a cluster variant there, as name@cluster",
+    )
     parser.add_argument("--json", type=Path, help="write every raw figure to this file")
     parser.add_argument("--plot", type=Path, help="draw p50 and p99 per rate into this PNG")
     parser.add_argument(
@@ -151,11 +161,10 @@ async def one_round(
     impl: Implementation,
     rate: int,
     args: argparse.Namespace,
-    admin: aioredis.Redis,
     round_no: int,
     position: int,
 ) -> LatencyRound:
-    await admin.flushall()
+    await impl.flush()
     await impl.reset()
     await impl.setup()
     job = PacedPublish(rate=rate, seconds=args.warmup + args.duration, size=args.size)
@@ -180,9 +189,7 @@ async def one_round(
     )
 
 
-async def run_rounds(
-    impls: dict[str, Implementation], args: argparse.Namespace, admin: aioredis.Redis
-) -> Results:
+async def run_rounds(impls: dict[str, Implementation], args: argparse.Namespace) -> Results:
     results: Results = {rate: {name: LatencySeries() for name in impls} for rate in args.rates}
     names = list(impls)
     for round_no in range(1, args.rounds + 1):
@@ -193,11 +200,11 @@ async def run_rounds(
                 series = results[rate][name]
                 if series.error is not None:
                     continue
-                label = f"[round {round_no}/{args.rounds}] {rate:>6,} msg/s {name:<18}"
+                label = f"[round {round_no}/{args.rounds}] {rate:>6,} msg/s {name:<26}"
                 print(label, end=" ", flush=True)
                 started = time.monotonic()
                 try:
-                    got = await one_round(impls[name], rate, args, admin, round_no, position)
+                    got = await one_round(impls[name], rate, args, round_no, position)
                 except Exception as exc:
                     series.error = short_error(exc)
                     print(f"FAILED after {time.monotonic() - started:.1f}s: {series.error}")
@@ -274,7 +281,40 @@ def markdown(results: Results) -> str:
             cells = " | ".join(fmt(series.median(c)) for c in COLUMNS)
             rounds = " · ".join(fmt(r.latencies_ms["p99"]) for r in series.rounds)
             out.append(f"| {name} | {rate:,} | {cells} | {rounds} |")
-    return "\n".join(out)
+    return "\n".join(out + cluster_ratios(results))
+
+
+def cluster_ratios(results: Results) -> list[str]:
+    """Each cluster row's median p50 and p99 over ``handwritten@cluster``'s and
+    over the same implementation's on the one server (above 1: slower)."""
+    rows = [
+        (rate, name)
+        for rate, by_impl in results.items()
+        for name in by_impl
+        if name.endswith(CLUSTER)
+    ]
+    if not rows:
+        return []
+    out = [
+        "",
+        "| implementation | rate msg/s | p50 / handwritten@cluster | p99 / handwritten@cluster "
+        "| p50 / one server | p99 / one server |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+
+    def ratio(rate: int, name: str, other: str, key: str) -> str:
+        mine, theirs = results[rate][name], results[rate].get(other)
+        value, base = mine.median(key), theirs.median(key) if theirs else None
+        return f"{value / base:.2f}x" if value is not None and base else "—"
+
+    for rate, name in rows:
+        cells = [
+            ratio(rate, name, other, key)
+            for other in (baseline_of(name), name.removesuffix(CLUSTER))
+            for key in ("p50", "p99")
+        ]
+        out.append(f"| {name} | {rate:,} | " + " | ".join(cells) + " |")
+    return out
 
 
 def plot(results: Results, path: Path) -> str | None:
@@ -340,6 +380,7 @@ def to_json(
             "size": args.size,
             "only": args.only,
             "nats_storage": args.nats_storage,
+            "cluster": args.cluster,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -379,18 +420,21 @@ async def main_async(args: argparse.Namespace) -> int:
         redis_url = stack.enter_context(servers.redis_server(redis_path))
         nats_url = stack.enter_context(servers.nats_server(nats_path)) if nats_path else None
         env = Env(redis_url=redis_url, nats_url=nats_url, nats_storage=args.nats_storage)
-        impls = {name: cls(env) for name, cls in classes.items()}
+        cluster_env = (
+            Env(redis_url=stack.enter_context(servers.redis_cluster(redis_path)))
+            if args.cluster
+            else None
+        )
+        impls = instantiate(classes, env, cluster_env)
         load_at_start = os.getloadavg()
         print(
-            f"redis {versions['redis-server'].split()[2]}, rates {args.rates} msg/s, "
+            f"redis {versions['redis-server'].split()[2]}"
+            + (f" (and a {servers.CLUSTER_MASTERS}-master cluster)" if cluster_env else "")
+            + f", rates {args.rates} msg/s, "
             f"{args.warmup:g} s warm-up + {args.duration:g} s measured, {args.rounds} round(s), "
             f"{args.size}-byte messages, {os.cpu_count()} cpus, load {load_at_start[0]:.2f}"
         )
-        admin = aioredis.Redis.from_url(redis_url)
-        try:
-            results = await run_rounds(impls, args, admin)
-        finally:
-            await admin.aclose()
+        results = await run_rounds(impls, args)
 
     load_at_end = os.getloadavg()
     report(console, results)

@@ -12,6 +12,11 @@
 its own row in every round. Rounds interleave the implementations and rotate
 who goes first, as the other scenarios do; the tables show medians of the
 rounds and ratios of medians.
+
+With ``run.py --cluster`` the rows ``name@cluster`` run on a private Redis
+Cluster; their ratios are to the hand-written loop on the cluster
+(``handwritten@cluster``, ``pipelined-200@cluster``), and a last table sets
+each cluster row against the same implementation on the one server.
 """
 
 from __future__ import annotations
@@ -21,16 +26,15 @@ import statistics
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
-
-from impls import BASELINE
+from impls import BASELINE, CLUSTER, baseline_of
 from impls.base import WARMUP, BenchmarkError, Implementation, PathResult
 
 PATH_SCENARIOS = ("each", "workers", "many")
 WORKERS = (1, 10, 100, 500, 1000)
 PER_CALL = (10, 100, 1000, 10_000)
 PIPELINED = "pipelined-200"
-"""The row of the hand-written pipelined loop, the baseline of ``workers`` and ``many``."""
+"""The row of the hand-written pipelined loop, the baseline of ``workers`` and
+``many`` (``pipelined-200@cluster`` on the cluster)."""
 
 _METHOD = {"each": "each", "workers": "workers", "many": "calls"}
 
@@ -65,6 +69,21 @@ def params(scenario: str) -> tuple[int, ...]:
     return {"each": (1,), "workers": WORKERS, "many": PER_CALL}[scenario]
 
 
+def pipelined(row: str) -> bool:
+    """Whether ``row`` is a pipelined loop's (on the one server or the cluster)."""
+    return row.removesuffix(CLUSTER) == PIPELINED
+
+
+def pipelined_of(row: str) -> str:
+    """The pipelined loop's row on the servers ``row`` runs on."""
+    return PIPELINED + CLUSTER if row.endswith(CLUSTER) else PIPELINED
+
+
+def impl_of(row: str) -> str:
+    """The implementation that runs ``row``: a pipelined row is the hand-written loop's."""
+    return baseline_of(row) if pipelined(row) else row
+
+
 async def _one(
     impl: Implementation,
     row: str,
@@ -72,12 +91,11 @@ async def _one(
     param: int,
     n: int,
     args: Any,
-    admin: aioredis.Redis,
 ) -> PathResult:
-    await admin.flushall()
+    await impl.flush()
     await impl.reset()
     await impl.setup()
-    if row == PIPELINED:
+    if pipelined(row):
         result = await impl.publish_in_child(n, args.size, args.timeout)
         out = PathResult(n=n, elapsed_s=result.elapsed_s)
         expected = n
@@ -91,17 +109,17 @@ async def _one(
     return out
 
 
-async def run_paths(impls: dict[str, Implementation], args: Any, admin: aioredis.Redis) -> Results:
+async def run_paths(impls: dict[str, Implementation], args: Any) -> Results:
     results: Results = {}
     for scenario in [s for s in args.scenarios if s in PATH_SCENARIOS]:
         base_n = args.latency_messages if scenario == "each" else args.messages
         rows = [name for name, impl in impls.items() if impl.publishes(_METHOD[scenario])]
+        if scenario != "each":
+            rows += [pipelined_of(row) for row in impls if row.removesuffix(CLUSTER) == BASELINE]
         by_param: dict[int, dict[str, PathSeries]] = {}
         results[scenario] = by_param
         for param in params(scenario):
             by_param[param] = {row: PathSeries() for row in rows}
-            if scenario != "each" and BASELINE in impls:
-                by_param[param][PIPELINED] = PathSeries()
         for round_no in range(args.rounds):
             for param in params(scenario):
                 series = by_param[param]
@@ -110,19 +128,19 @@ async def run_paths(impls: dict[str, Implementation], args: Any, admin: aioredis
                 for row in names[shift:] + names[:shift]:
                     if series[row].error is not None:
                         continue
-                    if row == PIPELINED and param != params(scenario)[0]:
+                    if pipelined(row) and param != params(scenario)[0]:
                         # One pipelined run a round serves every parameter.
-                        first = by_param[params(scenario)[0]][PIPELINED].rounds
+                        first = by_param[params(scenario)[0]][row].rounds
                         if len(first) > round_no:
                             series[row].rounds.append(first[round_no])
                         continue
-                    impl = impls[BASELINE if row == PIPELINED else row]
+                    impl = impls[impl_of(row)]
                     n = min(base_n, args.cap.get(impl.name, base_n))
-                    label = f"[{scenario} {round_no + 1}/{args.rounds}] {row:<15} {param:>6} n={n}"
+                    label = f"[{scenario} {round_no + 1}/{args.rounds}] {row:<23} {param:>6} n={n}"
                     print(label, end=" ", flush=True)
                     started = time.monotonic()
                     try:
-                        result = await _one(impl, row, scenario, param, n, args, admin)
+                        result = await _one(impl, row, scenario, param, n, args)
                     except Exception as exc:
                         series[row].error = f"{type(exc).__name__}: {exc}"
                         print(f"FAILED after {time.monotonic() - started:.1f}s: {exc}")
@@ -148,13 +166,16 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value and base else None
+
+
 def markdown(results: Results) -> str:
-    """The tables, as Markdown for benchmarks/README.md."""
+    """The tables, as Markdown for benchmarks/README.md. Every ratio is to the
+    hand-written loop on the same servers (one server, or the cluster)."""
     out: list[str] = []
     each = results.get("each", {}).get(1)
     if each:
-        base = each.get(BASELINE)
-        base_mean = base.median_latency("mean") if base else None
         out += [
             "**each** -- one caller awaiting each publish (ratio: mean latency / one XADD's)",
             "",
@@ -162,8 +183,9 @@ def markdown(results: Results) -> str:
             "|---|---:|---:|---:|---:|---:|",
         ]
         for row, series in each.items():
+            base = each.get(baseline_of(row))
             mean = series.median_latency("mean")
-            ratio = mean / base_mean if mean is not None and base_mean else None
+            ratio = _ratio(mean, base.median_latency("mean") if base else None)
             out.append(
                 f"| {row} | {_fmt(series.median, ',.0f')} | {_fmt(mean, '.3f')} | "
                 f"{_fmt(series.median_latency('p50'), '.3f')} | "
@@ -189,13 +211,61 @@ def markdown(results: Results) -> str:
             cells = []
             for series_by_row in by_param.values():
                 series = series_by_row[row]
-                base = series_by_row.get(PIPELINED)
-                tp, base_tp = series.median, base.median if base else None
-                ratio = f" ({tp / base_tp:.2f}x)" if tp and base_tp else ""
-                cells.append(("failed" if series.error else _fmt(tp, ",.0f")) + ratio)
+                base = series_by_row.get(pipelined_of(row))
+                ratio = _ratio(series.median, base.median if base else None)
+                cells.append(
+                    ("failed" if series.error else _fmt(series.median, ",.0f"))
+                    + (f" ({ratio:.2f}x)" if ratio else "")
+                )
             out.append(f"| {row} | " + " | ".join(cells) + " |")
         out.append("")
+    out += _cluster_against_one_server(results)
     return "\n".join(out)
+
+
+def _cluster_against_one_server(results: Results) -> list[str]:
+    """Each cluster row against the same row on the one server: for ``each`` the
+    ratio of mean latencies, else of msgs/s."""
+    columns = [
+        (scenario, param)
+        for scenario, by_param in results.items()
+        for param in by_param
+        if any(row.endswith(CLUSTER) for row in by_param[param])
+    ]
+    if not columns:
+        return []
+    rows = list(
+        dict.fromkeys(
+            row
+            for scenario, param in columns
+            for row in results[scenario][param]
+            if row.endswith(CLUSTER) and row.removesuffix(CLUSTER) in results[scenario][param]
+        )
+    )
+    names = {"each": "each (latency)", "workers": "N={:,}", "many": "K={:,}"}
+    out = [
+        "**cluster / one server** -- each row on the cluster against the same row on the "
+        "one server: `each` the ratio of mean latencies (above 1: slower), "
+        "`workers` and `many` of msgs/s (below 1: slower)",
+        "",
+        "| implementation | " + " | ".join(names[s].format(p) for s, p in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for row in rows:
+        cells = []
+        for scenario, param in columns:
+            by_row = results[scenario][param]
+            cluster, one = by_row.get(row), by_row.get(row.removesuffix(CLUSTER))
+            if cluster is None or one is None:
+                ratio = None
+            elif scenario == "each":
+                ratio = _ratio(cluster.median_latency("mean"), one.median_latency("mean"))
+            else:
+                ratio = _ratio(cluster.median, one.median)
+            cells.append(_fmt(ratio, ".2f") + ("x" if ratio else ""))
+        out.append(f"| {row} | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
 
 
 def rounds_text(results: Results) -> str:
@@ -206,7 +276,7 @@ def rounds_text(results: Results) -> str:
             for row, series in by_row.items():
                 figures = " · ".join(f"{r.throughput:,.0f}" for r in series.rounds) or "—"
                 error = f"  (failed: {series.error})" if series.error else ""
-                lines.append(f"  {scenario} {param:>6} {row:<13} {figures}{error}")
+                lines.append(f"  {scenario} {param:>6} {row:<26} {figures}{error}")
     return "\n".join(lines)
 
 

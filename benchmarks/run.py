@@ -3,12 +3,15 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/run.py [--messages N] [--rounds R] [--size BYTES]
-                                       [--only name,name] [--json out.json]
+                                       [--only name,name] [--cluster] [--json out.json]
 
 One run starts one private redis-server (and one nats-server for the NATS peer),
 runs every scenario ``--rounds`` times with the implementations interleaved
-round-robin, and reports medians and ratios against the hand-written loop. See
-benchmarks/README.md for what each implementation does and the fairness rules.
+round-robin, and reports medians and ratios against the hand-written loop. With
+``--cluster`` it also starts a private 3-master Redis Cluster and runs, beside
+them, each implementation that has a cluster variant there, as ``name@cluster``
+(ratios against ``handwritten@cluster``). See benchmarks/README.md for what each
+implementation does and the fairness rules.
 """
 
 from __future__ import annotations
@@ -35,13 +38,12 @@ for entry in (str(BENCH_DIR), str(REPO_SRC)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-import redis.asyncio as aioredis  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import paths  # noqa: E402
 import servers  # noqa: E402
-from impls import BASELINE, REGISTRY, load_available  # noqa: E402
+from impls import BASELINE, CLUSTER, REGISTRY, baseline_of, instantiate, load_available  # noqa: E402
 from impls.base import (  # noqa: E402
     MIN_SIZE,
     BenchmarkError,
@@ -122,6 +124,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2000,
         help="messages per round of the 'each' scenario (one awaited at a time)",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also start a private 3-master Redis Cluster and run each implementation "
+        "that has a cluster variant (handwritten, streamsub...) there, as name@cluster",
+    )
     parser.add_argument("--json", type=Path, help="write every raw figure to this file")
     parser.add_argument(
         "--cap",
@@ -164,9 +172,9 @@ def short_error(exc: BaseException) -> str:
 
 
 async def run_round(
-    impl: Implementation, scenario: str, n: int, size: int, timeout: float, admin: aioredis.Redis
+    impl: Implementation, scenario: str, n: int, size: int, timeout: float
 ) -> PublishResult | EndToEndResult:
-    await admin.flushall()
+    await impl.flush()
     await impl.reset()
     await impl.setup()
     if scenario == "publish":
@@ -196,7 +204,6 @@ async def run_scenarios(
     impls: dict[str, Implementation],
     counts: dict[str, int],
     args: argparse.Namespace,
-    admin: aioredis.Redis,
 ) -> dict[str, dict[str, Series]]:
     results: dict[str, dict[str, Series]] = {}
     names = list(impls)
@@ -215,7 +222,7 @@ async def run_scenarios(
                 started = time.monotonic()
                 try:
                     result = await run_round(
-                        impls[name], scenario, counts[name], args.size, args.timeout, admin
+                        impls[name], scenario, counts[name], args.size, args.timeout
                     )
                 except Exception as exc:
                     series[name].error = "".join(traceback.format_exception(exc)).strip()
@@ -242,26 +249,32 @@ def make_round(round_no: int, position: int, result: PublishResult | EndToEndRes
     return entry
 
 
+def ratio_to_baseline(by_impl: dict[str, Series], name: str) -> float | None:
+    """``name``'s median throughput over its baseline's (:func:`impls.baseline_of`)."""
+    base = by_impl.get(baseline_of(name))
+    tp, base_tp = by_impl[name].median_throughput, base.median_throughput if base else None
+    return tp / base_tp if tp is not None and base_tp else None
+
+
 def fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
 def report(console: Console, results: dict[str, dict[str, Series]], counts: dict[str, int]) -> None:
     for scenario, by_impl in results.items():
-        baseline = by_impl.get(BASELINE)
-        base_tp = baseline.median_throughput if baseline else None
         is_e2e = scenario == "e2e"
         table = Table()
         table.add_column("implementation")
         table.add_column("n", justify="right")
         table.add_column("median msgs/s", justify="right")
-        table.add_column(f"vs {BASELINE}", justify="right")
+        clustered = any(name.endswith(CLUSTER) for name in by_impl)
+        table.add_column(f"vs {BASELINE}" + (f"[{CLUSTER}]" if clustered else ""), justify="right")
         if is_e2e:
             table.add_column("p50 ms", justify="right")
             table.add_column("p99 ms", justify="right")
         for name, series in by_impl.items():
             tp = series.median_throughput
-            ratio = tp / base_tp if tp is not None and base_tp else None
+            ratio = ratio_to_baseline(by_impl, name)
             row = [
                 name,
                 f"{counts[name]:,}",
@@ -279,7 +292,7 @@ def report(console: Console, results: dict[str, dict[str, Series]], counts: dict
         console.print(table)
         for name, series in by_impl.items():
             values = " · ".join(f"{r.throughput:,.0f}" for r in series.rounds) or "—"
-            line = f"  {name:<13} rounds: {values} msgs/s"
+            line = f"  {name:<21} rounds: {values} msgs/s"
             if is_e2e and series.rounds:
                 lat = " · ".join(
                     f"{r.latencies_ms['p50']:.1f}/{r.latencies_ms['p99']:.1f}"
@@ -313,6 +326,7 @@ def to_json(
             "scenarios": args.scenarios,
             "cap": args.cap,
             "nats_storage": env.nats_storage,
+            "cluster": args.cluster,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -328,16 +342,11 @@ def to_json(
         "scenarios": {},
     }
     for scenario, by_impl in results.items():
-        base = by_impl.get(BASELINE)
-        base_tp = base.median_throughput if base else None
         out["scenarios"][scenario] = {
             name: {
                 "median_throughput": series.median_throughput,
-                "ratio_vs_baseline": (
-                    series.median_throughput / base_tp
-                    if series.median_throughput is not None and base_tp
-                    else None
-                ),
+                "baseline": baseline_of(name),
+                "ratio_vs_baseline": ratio_to_baseline(by_impl, name),
                 "median_p50_ms": series.median_latency("p50"),
                 "median_p99_ms": series.median_latency("p99"),
                 "rounds": [dataclasses.asdict(r) for r in series.rounds],
@@ -361,10 +370,19 @@ async def main_async(args: argparse.Namespace) -> int:
         redis_url = stack.enter_context(servers.redis_server(redis_path))
         nats_url = stack.enter_context(servers.nats_server(nats_path)) if nats_path else None
         env = Env(redis_url=redis_url, nats_url=nats_url, nats_storage=args.nats_storage)
-        impls = {name: cls(env) for name, cls in classes.items()}
-        counts = {name: min(args.messages, args.cap.get(name, args.messages)) for name in impls}
+        cluster_url = (
+            stack.enter_context(servers.redis_cluster(redis_path)) if args.cluster else None
+        )
+        cluster_env = Env(redis_url=cluster_url) if cluster_url else None
+        impls = instantiate(classes, env, cluster_env)
+        counts = {
+            name: min(args.messages, args.cap.get(impl.name, args.messages))
+            for name, impl in impls.items()
+        }
 
         print(f"redis: {redis_url} ({versions['redis-server']})")
+        if cluster_url:
+            print(f"cluster: {cluster_url} ({servers.CLUSTER_MASTERS} masters, no replicas)")
         if nats_url:
             print(f"nats:  {nats_url} ({versions['nats-server']}, {args.nats_storage} storage)")
         load_at_start = os.getloadavg()
@@ -374,12 +392,8 @@ async def main_async(args: argparse.Namespace) -> int:
             + ", ".join(f"{name}={count:,}" for name, count in counts.items())
         )
 
-        admin = aioredis.Redis.from_url(redis_url)
-        try:
-            results = await run_scenarios(impls, counts, args, admin)
-            path_results = await paths.run_paths(impls, args, admin)
-        finally:
-            await admin.aclose()
+        results = await run_scenarios(impls, counts, args)
+        path_results = await paths.run_paths(impls, args)
 
     report(console, results, counts)
     if path_results:

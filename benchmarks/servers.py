@@ -1,7 +1,8 @@
 """Private redis-server and nats-server processes for one benchmark run.
 
 Both listen on a free 127.0.0.1 port, keep their data in a private temporary
-directory and are stopped (and the directory removed) when the context exits.
+directory and are stopped (and the directory removed) when the context exits;
+so does the private Redis Cluster of the runners' ``--cluster`` option.
 """
 
 from __future__ import annotations
@@ -94,6 +95,22 @@ def redis_server(path: str) -> Iterator[str]:
     finally:
         _stop(proc)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+CLUSTER_MASTERS = 3
+
+
+@contextlib.contextmanager
+def redis_cluster(path: str) -> Iterator[str]:
+    """Run a throwaway Redis Cluster of the same ``redis-server`` binary: three
+    masters, no replicas, AOF off and no snapshots, as the single server; yield
+    its ``redis+cluster://`` URL (:func:`streamsub.testing.redis_cluster`)."""
+    from streamsub.testing import redis_cluster as cluster
+
+    with cluster(
+        masters=CLUSTER_MASTERS, replicas=0, binary=path, extra_args=("--appendonly", "no")
+    ) as servers:
+        yield servers.url
 
 
 def find_binary(name: str) -> str | None:

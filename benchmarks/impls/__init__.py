@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from .base import Implementation
+from .base import Env, Implementation
 
 REGISTRY: dict[str, str] = {
     "handwritten": "impls.handwritten:Handwritten",
@@ -22,6 +22,8 @@ REGISTRY: dict[str, str] = {
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }
 BASELINE = "handwritten"
+CLUSTER = "@cluster"
+"""The suffix of a row run on the private Redis Cluster (``--cluster``)."""
 
 
 def load(name: str) -> type[Implementation]:
@@ -51,3 +53,23 @@ def load_available(
         else:
             skipped[name] = why
     return loaded, skipped
+
+
+def instantiate(
+    classes: dict[str, type[Implementation]], env: Env, cluster_env: Env | None = None
+) -> dict[str, Implementation]:
+    """Each implementation on ``env``, the run's one server; with ``cluster_env``
+    then each one that has a cluster variant on the cluster, as ``name@cluster``."""
+    impls = {name: cls(env) for name, cls in classes.items()}
+    if cluster_env is not None:
+        for name, cls in classes.items():
+            variant = cls.cluster_variant()
+            if variant is not None:
+                impls[name + CLUSTER] = variant(cluster_env)
+    return impls
+
+
+def baseline_of(row: str) -> str:
+    """The row a row's ratios are taken against: the hand-written loop on the
+    same server(s) -- ``handwritten``, or ``handwritten@cluster`` for a cluster row."""
+    return BASELINE + CLUSTER if row.endswith(CLUSTER) else BASELINE

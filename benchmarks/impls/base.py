@@ -16,6 +16,11 @@ For benchmarks/latency.py an implementation also offers ``open_sender(size)``: a
 connection that sends a burst of stamped messages without waiting for the one
 before, which :class:`PacedPublish` calls at a steady rate.
 
+An implementation that also runs on Redis Cluster names the class that does
+(:meth:`Implementation.cluster_variant`); the runners' ``--cluster`` option
+starts a private cluster and runs those beside the standalone rows, with an
+:class:`Env` whose ``redis_url`` is the cluster's ``redis+cluster://`` URL.
+
 ``publish`` and ``consume`` always run in freshly spawned interpreters
 (:func:`run_publish`, :func:`run_end_to_end`, :func:`run_pair`), so no implementation shares an
 event loop, a garbage collector or imported modules with another.
@@ -39,7 +44,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
     from multiprocessing.synchronize import Event
 
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import ClusterNode
 
 HEADER = struct.Struct(">QQ")
 """Publish time in ns since the epoch, then the message's sequence number."""
@@ -65,13 +71,55 @@ _progress: Any = None
 """In a consumer process: a shared counter of distinct messages received, for the parent."""
 
 
+CLUSTER_SCHEME = "redis+cluster://"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Env:
-    """Where the servers of this run listen. Picklable: it travels to child processes."""
+    """Where the servers of this run listen. Picklable: it travels to child processes.
+    ``redis_url`` is a ``redis://`` URL, or a cluster's ``redis+cluster://host:port,...``."""
 
     redis_url: str
     nats_url: str | None = None
     nats_storage: str = "memory"
+
+    @property
+    def cluster(self) -> bool:
+        """Whether ``redis_url`` names a Redis Cluster."""
+        return self.redis_url.startswith(CLUSTER_SCHEME)
+
+
+def cluster_nodes(url: str) -> list[ClusterNode]:
+    """The nodes a ``redis+cluster://host:port,host:port`` URL names (no auth: the
+    benchmarks' private cluster has none)."""
+    from redis.asyncio.cluster import ClusterNode
+
+    hosts = url.removeprefix(CLUSTER_SCHEME).split("/", 1)[0].split(",")
+    return [ClusterNode(host, int(port)) for host, _, port in (h.rpartition(":") for h in hosts)]
+
+
+@contextlib.asynccontextmanager
+async def redis_nodes(url: str) -> AsyncIterator[list[Redis]]:
+    """A client on each server that holds data: the one server of a ``redis://``
+    URL, or each master of a cluster."""
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+    if url.startswith(CLUSTER_SCHEME):
+        cluster = RedisCluster(startup_nodes=cluster_nodes(url))
+        try:
+            await cluster.initialize()
+            masters = cluster.get_primaries()
+            clients = [Redis(host=node.host, port=int(node.port)) for node in masters]
+        finally:
+            await cluster.aclose()
+    else:
+        clients = [Redis.from_url(url)]
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 @dataclasses.dataclass(slots=True)
@@ -247,23 +295,32 @@ class ThreadSafeReceiver(Receiver):
 
 
 async def wait_until_all_acked(
-    client: Redis, *, poll_interval: float = 0.0005, timeout: float = 30.0
+    *clients: Redis, poll_interval: float = 0.0005, timeout: float = 30.0
 ) -> int:
-    """Wait until no consumer group of any stream in the database has pending entries.
+    """Wait until no consumer group of any stream in the databases of ``clients``
+    (one server, or each master of a cluster: :func:`redis_nodes`) has pending entries.
 
     For libraries that acknowledge after the handler returns, out of our sight: once
-    the consumer has *handled* every message, the moment the server's pending count
+    the consumer has *handled* every message, the moment the servers' pending count
     reaches zero is the moment of the last ack (within one poll). Returns that
     moment as ``time.time_ns()``.
     """
-    keys = [key async for key in client.scan_iter(_type="STREAM", count=1000)]
-    deadline = time.monotonic() + timeout
-    while True:
+    keys = [
+        [key async for key in client.scan_iter(_type="STREAM", count=1000)] for client in clients
+    ]
+
+    async def pending_on(client: Redis, streams: list[Any]) -> int:
         async with client.pipeline(transaction=False) as pipe:
-            for key in keys:
+            for key in streams:
                 pipe.xinfo_groups(key)
             replies: list[list[dict[Any, Any]]] = await pipe.execute()
-        pending = sum(int(group["pending"]) for groups in replies for group in groups)
+        return sum(int(group["pending"]) for groups in replies for group in groups)
+
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = 0
+        for client, streams in zip(clients, keys, strict=True):
+            pending += await pending_on(client, streams)
         if pending == 0:
             return time.time_ns()
         if time.monotonic() > deadline:
@@ -295,20 +352,30 @@ class Implementation(ABC):
     async def setup(self) -> None:  # noqa: B027 - optional hook
         """Create what a round needs (topics, groups...) before the timed part."""
 
-    async def stored_count(self) -> int:
-        """How many messages the server holds: the sum of XLEN over every stream."""
-        from redis.asyncio import Redis
+    @classmethod
+    def cluster_variant(cls) -> type[Implementation] | None:
+        """The class that runs this implementation on a Redis Cluster (given an
+        :class:`Env` with a ``redis+cluster://`` URL), or None: no cluster rows."""
+        return None
 
-        client = Redis.from_url(self.env.redis_url)
-        try:
-            keys = [key async for key in client.scan_iter(_type="STREAM", count=1000)]
-            async with client.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.xlen(key)
-                lengths: list[int] = await pipe.execute()
-            return sum(lengths)
-        finally:
-            await client.aclose()
+    async def flush(self) -> None:
+        """``FLUSHALL`` on the Redis server, or on every master of the cluster."""
+        async with redis_nodes(self.env.redis_url) as clients:
+            for client in clients:
+                await client.flushall()
+
+    async def stored_count(self) -> int:
+        """How many messages the servers hold: the sum of XLEN over every stream."""
+        total = 0
+        async with redis_nodes(self.env.redis_url) as clients:
+            for client in clients:
+                keys = [key async for key in client.scan_iter(_type="STREAM", count=1000)]
+                async with client.pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.xlen(key)
+                    lengths: list[int] = await pipe.execute()
+                total += sum(lengths)
+        return total
 
     @abstractmethod
     async def publish(self, n: int, size: int) -> float:

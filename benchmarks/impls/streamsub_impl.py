@@ -24,8 +24,6 @@ from contextlib import asynccontextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from redis.asyncio import Redis
-
 from .base import (
     ConsumeResult,
     Implementation,
@@ -34,6 +32,7 @@ from .base import (
     ThreadSafeReceiver,
     each_in_turn,
     padding,
+    redis_nodes,
     stamp,
     wait_until_all_acked,
     worker_pool,
@@ -55,6 +54,11 @@ class Streamsub(Implementation):
     ack_deadline = 30.0
     """The default: leases are extended every 10 s and idle entries swept every
     7.5 s, so during a round of a second neither runs more than at start."""
+
+    @classmethod
+    def cluster_variant(cls) -> type[Implementation] | None:
+        """The same: ``streamsub.connect`` takes the cluster's ``redis+cluster://`` URL."""
+        return cls
 
     def lib(self) -> ModuleType:
         """The ``streamsub`` package under test, imported on first use -- not when
@@ -173,17 +177,14 @@ class Streamsub(Implementation):
         streamsub = self.lib()
         receiver, handler = self.make_handler(n)
         flow_control = streamsub.FlowControl(max_messages=MAX_OUTSTANDING)
-        watcher = Redis.from_url(self.env.redis_url)
-        try:
-            async with (
-                streamsub.connect(self.env.redis_url) as client,
-                client.subscribe(SUBSCRIPTION, handler, flow_control=flow_control),
-            ):
-                ready()
-                await receiver.done.wait()
-                last_ack_ns = await wait_until_all_acked(watcher)
-        finally:
-            await watcher.aclose()
+        async with (
+            redis_nodes(self.env.redis_url) as watchers,
+            streamsub.connect(self.env.redis_url) as client,
+            client.subscribe(SUBSCRIPTION, handler, flow_control=flow_control),
+        ):
+            ready()
+            await receiver.done.wait()
+            last_ack_ns = await wait_until_all_acked(*watchers)
         return receiver.result(last_ack_ns)
 
 
@@ -248,25 +249,24 @@ class StreamsubKeyed(Streamsub):
         streamsub = self.lib()
         receiver, handler = self.make_handler(n)
         flow_control = streamsub.FlowControl(max_messages=MAX_OUTSTANDING)
-        watcher = Redis.from_url(self.env.redis_url)
         clients = [streamsub.connect(self.env.redis_url) for _ in range(SUBSCRIBERS)]
         subscribers = [
             client.subscribe(SUBSCRIPTION, handler, flow_control=flow_control) for client in clients
         ]
-        try:
-            for subscriber in subscribers:
-                await subscriber.__aenter__()
-            if self.ordered:
-                await settled(subscribers)
-            ready()
-            await receiver.done.wait()
-            last_ack_ns = await wait_until_all_acked(watcher)
-        finally:
-            for subscriber in subscribers:
-                await subscriber.__aexit__(None, None, None)
-            for client in clients:
-                await client.aclose()
-            await watcher.aclose()
+        async with redis_nodes(self.env.redis_url) as watchers:
+            try:
+                for subscriber in subscribers:
+                    await subscriber.__aenter__()
+                if self.ordered:
+                    await settled(subscribers)
+                ready()
+                await receiver.done.wait()
+                last_ack_ns = await wait_until_all_acked(*watchers)
+            finally:
+                for subscriber in subscribers:
+                    await subscriber.__aexit__(None, None, None)
+                for client in clients:
+                    await client.aclose()
         return receiver.result(last_ack_ns)
 
 

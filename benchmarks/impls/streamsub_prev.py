@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import ClassVar
 
-from .base import BenchmarkError, Env
+from .base import BenchmarkError, Env, Implementation
 from .streamsub_impl import Streamsub
 
 COMMIT = "7d5c162"
@@ -81,6 +81,11 @@ class StreamsubPrevious(Streamsub):
                 cls._extracted = extract(cls.commit, REPO_ROOT)
             except (OSError, RuntimeError) as exc:
                 return f"cannot extract streamsub {cls.commit} (not a git checkout?): {exc}"
+        return None
+
+    @classmethod
+    def cluster_variant(cls) -> type[Implementation] | None:
+        """None: the cluster rows measure today's code only."""
         return None
 
     def __init__(self, env: Env) -> None:
