@@ -103,6 +103,23 @@ class Journal:
 
         return handle
 
+    def gated(
+        self, who: str, gate: asyncio.Event, held: Callable[[streamsub.Message], bool]
+    ) -> Callable[[streamsub.Message], Awaitable[None]]:
+        """A handler that journals its handlings as ``who`` and, for messages
+        ``held`` picks, waits (up to 30 s) for ``gate`` before returning."""
+
+        async def handle(message: streamsub.Message) -> None:
+            self.enter(message, who)
+            try:
+                if held(message):
+                    async with asyncio.timeout(30):
+                        await gate.wait()
+            finally:
+                self.leave(message)
+
+        return handle
+
     def distinct(self) -> int:
         with self.lock:
             return len({(key, n) for key, n, _, _ in self.records})

@@ -42,16 +42,7 @@ async def test_a_sweep_waiting_for_room_does_not_hold_a_handover(
     gate = asyncio.Event()
 
     def recorder(who: str) -> Callable[[streamsub.Message], Awaitable[None]]:
-        async def handle(message: streamsub.Message) -> None:
-            journal.enter(message, who)
-            try:
-                if message.ordering_key == slow and index(message) == 0:
-                    async with asyncio.timeout(30):
-                        await gate.wait()
-            finally:
-                journal.leave(message)
-
-        return handle
+        return journal.gated(who, gate, lambda m: m.ordering_key == slow and index(m) == 0)
 
     flow = streamsub.FlowControl(max_messages=4)
     other = streamsub.connect(server.url)

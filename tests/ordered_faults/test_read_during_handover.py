@@ -45,16 +45,7 @@ async def test_messages_a_read_brings_during_a_handover_keep_their_keys_order(
     gate = asyncio.Event()
 
     def recorder(who: str) -> Callable[[streamsub.Message], Awaitable[None]]:
-        async def handle(message: streamsub.Message) -> None:
-            journal.enter(message, who)
-            try:
-                if index(message) == 0 and message.delivery_attempt == 1:
-                    async with asyncio.timeout(30):
-                        await gate.wait()
-            finally:
-                journal.leave(message)
-
-        return handle
+        return journal.gated(who, gate, lambda m: index(m) == 0 and m.delivery_attempt == 1)
 
     other = streamsub.connect(server.url)
     try:
