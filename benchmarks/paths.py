@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from impls import BASELINE, CLUSTER, baseline_of
@@ -296,3 +297,54 @@ def to_json(results: Results) -> dict[str, Any]:
         }
         for scenario, by_param in results.items()
     }
+
+
+def plot(figures: dict[str, Any], path: Path) -> str | None:
+    """Draw ``workers`` (msgs/s against N callers) and ``many`` (against K per
+    call), one line per row, from :func:`to_json`'s figures (a run's, or a
+    saved ``--json`` file's ``publish_paths``); return the reason if not drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    panels = [(s, figures[s]) for s in ("workers", "many") if figures.get(s)]
+    if not panels:
+        return "no workers or many figures to draw"
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, (scenario, by_param) in zip(axes[0], panels, strict=True):
+        params = sorted(int(param) for param in by_param)
+        rows = list(dict.fromkeys(row for by_row in by_param.values() for row in by_row))
+        for row in rows:
+            points = [
+                (param, value)
+                for param in params
+                if (value := by_param[str(param)].get(row, {}).get("median_throughput"))
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                dashed = row.startswith(PIPELINED)
+                ax.plot(xs, ys, marker="o", linestyle="--" if dashed else "-", label=row)
+        ax.set_xscale("log")
+        ax.set_xticks(params, [f"{param:,}" for param in params])
+        workers = scenario == "workers"
+        ax.set_xlabel("concurrent publish() callers" if workers else "messages per call")
+        ax.set_ylabel("msgs/s (median of rounds)")
+        ax.set_title("N callers awaiting publish()" if workers else "publish_many of K, in turn")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+if __name__ == "__main__":  # draw a saved run: python benchmarks/paths.py RUN.json OUT.png
+    import json
+    import sys
+
+    reason = plot(json.loads(Path(sys.argv[1]).read_text())["publish_paths"], Path(sys.argv[2]))
+    raise SystemExit(reason)

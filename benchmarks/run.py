@@ -132,6 +132,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, help="write every raw figure to this file")
     parser.add_argument(
+        "--plot",
+        type=Path,
+        help="draw the workers and many paths (msgs/s per row) into this PNG",
+    )
+    parser.add_argument(
         "--cap",
         type=parse_caps,
         default={},
@@ -407,6 +412,9 @@ async def main_async(args: argparse.Namespace) -> int:
         data["publish_paths"] = paths.to_json(path_results)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         print(f"\nraw figures written to {args.json}")
+    if args.plot and path_results:
+        reason = paths.plot(paths.to_json(path_results), args.plot)
+        print(f"plot not drawn: {reason}" if reason else f"plot written to {args.plot}")
     failed = any(series.error for by_impl in results.values() for series in by_impl.values())
     failed = failed or any(
         series.error
