@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import itertools
@@ -11,7 +12,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
@@ -286,6 +287,10 @@ class Client:
         self._lookups: dict[str, asyncio.Future[TopicPublisher]] = {}
         self._handoffs: dict[str, int] = {}
         """Per topic: callers waiting on its lookup or behind those, not yet resumed."""
+        self._arriving = 0
+        """Publish calls between their topic's lookup and their messages queued: a
+        close waits for them (they were called before it)."""
+        self._arrived = asyncio.Event()
         self._subscribers: set[Subscriber] = set()
         self._closed = False
 
@@ -328,6 +333,12 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        # Publishes called before the close and still looking their topic up
+        # (the first ones of a topic wait for its record) queue their messages
+        # first, so that the publishers' close writes them too.
+        while self._arriving:
+            self._arrived.clear()
+            await self._arrived.wait()
         await asyncio.gather(
             *([self._trimmer.aclose()] if self._trimmer is not None else []),
             *(subscriber.stop() for subscriber in list(self._subscribers)),
@@ -673,16 +684,31 @@ class Client:
         encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
         publisher = self._publishers.get(topic)
         if publisher is None or topic in self._handoffs:
-            publisher = await self._publisher(topic)
-        try:
+            with self._on_the_way():
+                publisher = await self._publisher(topic)
+                future = publisher.submit((encoded,))
+        else:
             # Queued at once when flow control has room (no coroutine of the
             # publisher's to run), else it waits for room in publish().
             future = publisher.submit((encoded,))
+        try:
             (message_id,) = await (future if future is not None else publisher.publish((encoded,)))
         except TopicNotFoundError:
             self._forget_publisher(publisher)
             raise
         return message_id
+
+    @contextlib.contextmanager
+    def _on_the_way(self) -> Iterator[None]:
+        """Count a publish call that looks its topic up until it has queued its
+        messages (see :meth:`aclose`)."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
+            if not self._arriving:
+                self._arrived.set()
 
     async def publish_many(
         self, topic: str, messages: Iterable[OutgoingMessage | bytes]
@@ -733,9 +759,11 @@ class Client:
                 raise type(exc)(f"message {index}: {exc}") from None
         if not encoded:
             return []
-        publisher = await self._publisher(topic)
+        with self._on_the_way():
+            publisher = await self._publisher(topic)
+            future = publisher.submit(encoded)
         try:
-            return await publisher.publish(encoded)
+            return await (future if future is not None else publisher.publish(encoded))
         except TopicNotFoundError:
             self._forget_publisher(publisher)
             raise
