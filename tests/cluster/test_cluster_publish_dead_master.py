@@ -107,11 +107,12 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
         next(s for s in cluster.servers if s.port == ports[0]).kill()
         refused: list[str] = []
         failed: list[str] = []
-        stored = 0
+        stored = attempted = 0
         until_time = time.monotonic() + 12.0
 
         async def one(key: str) -> None:
-            nonlocal stored
+            nonlocal stored, attempted
+            attempted += key not in dead_keys
             try:
                 await client.publish("halves", b"x", ordering_key=key)
                 stored += 1
@@ -134,4 +135,8 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
     assert not failed, f"{len(failed)} publishes to healthy partitions failed: {failed[:3]}"
     assert refused
     assert all("UnavailableError" in r or "Paused" in r for r in refused), refused[:3]
-    assert stored > 100
+    # Every healthy publish returned its id: each of the 8 tasks made at least
+    # one. How many fit in 12 s depends on how often a healthy message shared a
+    # batch with one for the dead master (that batch returns after the socket
+    # timeout); the first test bounds a healthy publish's wait on its own.
+    assert stored == attempted >= 8, (stored, attempted)
