@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import redis.exceptions as rexc
 
-from streamsub._backends.redis._cluster import _first_answer, _replicas_in
+from streamsub._backends.redis._cluster import _first_answer, _no_answer, _replicas_in
 
 
 def _attempts(
@@ -101,3 +101,17 @@ def test_replicas_of_a_master_are_read_from_cluster_nodes() -> None:
     assert _replicas_in(NODES, "127.0.0.1:30001") == ["127.0.0.1:30004", "127.0.0.1:30008"]
     assert _replicas_in(NODES, "127.0.0.1:30002") == ["127.0.0.1:30005"]
     assert _replicas_in(NODES, "127.0.0.1:39999") == []
+
+
+async def test_redis_py_tripping_over_a_dropped_connection_counts_as_no_answer() -> None:
+    """redis-py 5.0.1 raised AttributeError ("'NoneType' object has no attribute
+    'writelines'") from a connection of a killed master, and the replica was
+    never asked (test_describe_during_failover on redis-py 5.0.1): an error of
+    that kind raised inside redis-py is no answer; one raised outside is a bug."""
+    from redis.asyncio.connection import Connection
+
+    connection = Connection()  # never connected: no writer
+    with pytest.raises(AttributeError) as inside:
+        await connection._send_packed_command([b"PING"])
+    assert _no_answer(inside.value)
+    assert not _no_answer(AttributeError("ours"))

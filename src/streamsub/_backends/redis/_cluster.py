@@ -201,6 +201,11 @@ def _no_answer(exc: BaseException) -> bool:
         return False
     if isinstance(exc, NoFreeConnectionError):
         return exc.stalled
+    if isinstance(exc, AttributeError | KeyError | IndexError | TypeError | RuntimeError):
+        # redis-py 5.0 tripping over a connection its own reconnect dropped
+        # (AttributeError on a None writer) while a master is down: that node
+        # gave no answer; our own bugs still raise.
+        return _raised_in_redis_py(exc)
     return isinstance(exc, rexc.ConnectionError | rexc.TimeoutError | OSError)
 
 
