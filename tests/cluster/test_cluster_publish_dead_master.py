@@ -47,7 +47,7 @@ async def test_publishes_to_healthy_masters_do_not_wait_for_a_dead_one(
     slow_cluster: RedisClusterServers,
 ) -> None:
     """Partition 0's master is SIGKILLed (its replica takes over only after
-    about 30 s). While that client keeps publishing to partition 0 under 8
+    about 18 s). While that client keeps publishing to partition 0 under 8
     keys at once (each publish waits, then fails), 20 publishes of it to each partition on the
     other masters return their ids, each within 3 s (not a socket timeout)."""
     cluster = slow_cluster
@@ -92,13 +92,14 @@ async def test_publishes_to_healthy_masters_do_not_wait_for_a_dead_one(
 async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_nothing_else(
     slow_cluster: RedisClusterServers,
 ) -> None:
-    """Partition 0's master is SIGKILLed (not replaced for about 30 s). For 12 s
+    """Partition 0's master is SIGKILLed (not replaced for about 18 s). For 12 s
     (past the 10 s socket timeout, so writes to it fail) 4 tasks publish a
     message to partition 0 together with one to a healthy partition (so their
     writes share a call), while 4 more publish to the healthy partitions only,
     under the same keys: every publish to a healthy partition returns its id
     (none overtakes an earlier write of its partition, which Redis would refuse
-    as a broken link), and those to partition 0 fail with UnavailableError."""
+    as a broken link), and those to partition 0 fail with UnavailableError
+    (but the last of each task, which may wait into the promotion and succeed)."""
     cluster = slow_cluster
     async with streamsub.connect(cluster.url) as client:
         await client.create_topic("halves", partitions=PARTITIONS)
@@ -118,7 +119,7 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
             attempted += key not in dead_keys
             try:
                 await client.publish("halves", b"x", ordering_key=key)
-                stored += 1
+                stored += key not in dead_keys
             except streamsub.StreamsubError as exc:
                 client.resume_publish("halves", key)
                 (refused if key in dead_keys else failed).append(f"{key}: {exc!r}"[:200])

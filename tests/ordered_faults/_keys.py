@@ -48,18 +48,26 @@ async def publish_rounds(
     stored: set[tuple[str, int]],
     stop: asyncio.Event,
     topic: str = "orders",
+    *,
+    again: bool = False,
 ) -> None:
     """Publish round after round (message n of every key, one ``publish_many``
     a round, 20 ms apart) until ``stop`` is set, adding each stored round to
     ``stored``; on a failed round (maybe partly stored) set ``stop`` and
-    publish no more."""
+    publish no more, or, with ``again``, resume its keys and publish it again
+    as a user would (a message may then be stored twice)."""
     n = 0
     while not stop.is_set():
         try:
             await client.publish_many(topic, keyed(keys, n, n + 1))
         except (streamsub.BackendError, streamsub.OrderingKeyPausedError):
-            stop.set()
-            return
+            if not again:
+                stop.set()
+                return
+            for key in keys:
+                client.resume_publish(topic, key)
+            await asyncio.sleep(0.1)
+            continue
         stored.update((key, n) for key in keys)
         n += 1
         await asyncio.sleep(0.02)
