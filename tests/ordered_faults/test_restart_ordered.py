@@ -17,6 +17,8 @@ from tests.ordered_faults._keys import Journal, publish_rounds
 pytestmark = pytest.mark.standalone
 
 KEYS = 40
+AFTER_RESTART = 5
+"""Rounds stored after the restart before publishing stops."""
 
 
 @pytest.mark.timeout(90)
@@ -27,8 +29,10 @@ async def test_order_and_ownership_hold_across_a_server_restart(
     """Two subscribers (two clients) on an ordered subscription of 8 partitions, 40
     keys published steadily; redis-server (AOF, fsync always) is SIGKILLed and
     restarted after ``down`` seconds (shorter and longer than the 10-s partition
-    lease). Every stored message is handled, each key's first handlings in
-    publish order, and afterwards every partition has exactly one owner."""
+    lease); publishing goes on through it (a failed round published again, as
+    users do) until 5 rounds were stored after the restart. Every stored
+    message is handled, each key's first handlings in publish order, and
+    afterwards every partition has exactly one owner."""
     with redis_server(tmp_path / "redis", appendfsync="always", binary=redis_binary) as server:
         clients = [streamsub.connect(server.url) for _ in range(3)]
         admin = clients[2]
@@ -46,12 +50,21 @@ async def test_order_and_ownership_hold_across_a_server_restart(
                 clients[0].subscribe("billing", journal.handler("a"), consumer="a") as a,
                 clients[1].subscribe("billing", journal.handler("b"), consumer="b") as b,
             ):
-                publishing = asyncio.create_task(publish_rounds(admin, keys, stored, stop))
+                publishing = asyncio.create_task(
+                    publish_rounds(admin, keys, stored, stop, again=True)
+                )
                 await until(lambda: journal.distinct() >= KEYS * 20, 30, "20 rounds handled")
                 server.kill()
-                await publishing
                 await asyncio.sleep(down)
                 server.start()
+                after = len(stored) // KEYS + AFTER_RESTART
+                await until(
+                    lambda: len(stored) // KEYS >= after,
+                    30,
+                    f"{AFTER_RESTART} rounds after the restart",
+                )
+                stop.set()
+                await publishing
                 await until(
                     lambda: {(k, n) for k, n, _, _ in journal.records} >= stored,
                     40,
