@@ -9,6 +9,7 @@ more."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -27,7 +28,33 @@ MOST_DELAY = 0.45
 """Seconds a message may take from ``publish()`` to its handler, hand-over
 included: below the 0.5 s heartbeat that each side waited for before (the
 slowest message then took 0.75 s; now 34-64 ms on a quiet machine, so a busy
-CI machine has room)."""
+CI machine has room), not counting the time this process's event loop was
+kept from running meanwhile (:class:`LoopStalls`)."""
+
+
+class LoopStalls:
+    """When this process's event loop was kept from running (other load on a
+    shared machine, a garbage collection): a task sleeps :attr:`TICK` at a time
+    and records each wake-up later than asked. Such a stall delays every message
+    in flight through it whatever the library does, so a message's delay is
+    judged without it."""
+
+    TICK = 0.005
+
+    def __init__(self) -> None:
+        self.stalls: list[tuple[float, float]] = []  # (from, to)
+
+    async def run(self) -> None:
+        while True:
+            asked = time.monotonic() + self.TICK
+            await asyncio.sleep(self.TICK)
+            woke = time.monotonic()
+            if woke - asked > 0.01:
+                self.stalls.append((asked, woke))
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds of stall between ``start`` and ``end``."""
+        return sum(max(0.0, min(end, to) - max(start, since)) for since, to in self.stalls)
 
 
 @pytest.mark.timeout(60)
@@ -43,6 +70,8 @@ async def test_a_joining_subscriber_delays_no_message_by_more_than_the_handover_
     next heartbeats on both sides). Each key's messages are handled once each,
     in publish order, across the move."""
     await ordered(client, partitions=PARTITIONS)
+    stalls = LoopStalls()
+    watching = asyncio.create_task(stalls.run())
     handled: dict[int, tuple[float, str]] = {}
     per_key: dict[str, list[int]] = {f"k{i}": [] for i in range(KEYS)}
     sent: dict[int, float] = {}
@@ -104,11 +133,20 @@ async def test_a_joining_subscriber_delays_no_message_by_more_than_the_handover_
                 await publisher
     finally:
         await other.aclose()
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
 
-    delays = sorted(((handled[seq][0] - sent[seq], seq) for seq in sent), reverse=True)
+    delays = sorted(
+        (
+            (handled[seq][0] - sent[seq] - stalls.within(sent[seq], handled[seq][0]), seq)
+            for seq in sent
+        ),
+        reverse=True,
+    )
     assert delays[0][0] <= MOST_DELAY, (
         f"{sum(1 for d, _ in delays if d > MOST_DELAY)} of {len(sent)} messages took more "
-        f"than {MOST_DELAY} s; the slowest (s, seq): "
+        f"than {MOST_DELAY} s (the event loop's stalls not counted); the slowest (s, seq): "
         f"{[(round(d, 3), seq) for d, seq in delays[:5]]}"
     )
     assert {who for _, who in handled.values()} == {"a", "b"}
