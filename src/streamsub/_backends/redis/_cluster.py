@@ -790,22 +790,22 @@ class RedisClusterBackend(RedisBackend):
         warning naming it; UnavailableError when none answers."""
         with self._errors():
             await self._redis.initialize()  # the masters of now
-            primaries = self._redis.get_primaries()
-            replies = await asyncio.gather(
-                *(self._redis.execute_command(*command, target_nodes=node) for node in primaries),
-                return_exceptions=True,
-            )
             answered: dict[str, Any] = {}
             silent: list[tuple[str, BaseException]] = []
-            for node, reply in zip(primaries, replies, strict=True):
-                if not isinstance(reply, BaseException) or isinstance(reply, rexc.ResponseError):
-                    answered[node.name] = reply
-                elif isinstance(
-                    reply, rexc.ConnectionError | rexc.TimeoutError | OSError
-                ) and not isinstance(reply, rexc.AuthenticationError):
-                    silent.append((node.name, reply))
-                else:
-                    raise reply
+            # One master after the other, not at once: redis-py 5.0 closes the
+            # whole client when a node refuses a connection, which cut the other
+            # masters' calls in flight (none answered with one master down).
+            for node in self._redis.get_primaries():
+                try:
+                    answered[node.name] = await self._redis.execute_command(
+                        *command, target_nodes=node
+                    )
+                except rexc.ResponseError as refusal:
+                    answered[node.name] = refusal
+                except Exception as error:
+                    if not _no_answer(error):
+                        raise
+                    silent.append((node.name, error))
             if silent and not answered:
                 raise silent[0][1]
         for name, exc in silent:
