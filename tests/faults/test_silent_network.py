@@ -91,7 +91,10 @@ async def test_publish_behind_a_silent_connection_fails_within_the_socket_timeou
     message = str(results[0])
     assert "did not answer within 2 s" in message
     assert "may or may not" in message
-    assert 1.9 <= elapsed < 3.0, f"failed after {elapsed:.2f} s, not within one 2 s timeout"
+    # A batch queued behind the silent ones that waited its own timeout would
+    # fail 2 s after them, at 4 s or later: under that is one timeout, however
+    # long the machine took to encode and send the 8,000 messages.
+    assert 1.9 <= elapsed < 2 * 2.0, f"failed after {elapsed:.2f} s, not within one 2 s timeout"
 
 
 @pytest.mark.slow
@@ -125,7 +128,8 @@ async def test_a_reset_connection_fails_publish_at_once_and_the_next_one_reconne
         # May or may not be stored if it fails: then not counted.
         with contextlib.suppress(streamsub.UnavailableError):
             stored += await client.publish_many("reset", [b"during"] * 10)
-        assert time.monotonic() - started < 2.0, "a reset connection waited for a timeout"
+        # Well under the 30 s timeout, however busy the machine.
+        assert time.monotonic() - started < 30.0 / 2, "a reset connection waited for a timeout"
         stored += await client.publish_many("reset", [b"after"] * 10)
     assert set(stored) <= _stored_ids(redis_client, "reset", 2)
 
@@ -198,8 +202,9 @@ async def test_a_dropped_connection_fails_one_publish_within_the_timeout_then_re
         started = time.monotonic()
         with pytest.raises(streamsub.UnavailableError):
             await client.publish_many("dropped", [b"during"] * 10)
-        assert 1.9 <= time.monotonic() - started < 3.0
+        # One 2 s timeout: a second one would end at 4 s or later.
+        assert 1.9 <= time.monotonic() - started < 2 * 2.0
         started = time.monotonic()
         stored += await client.publish_many("dropped", [b"after"] * 10)
-        assert time.monotonic() - started < 1.0, "the next publish waited"
+        assert time.monotonic() - started < 2.0, "the next publish waited for a timeout"
     assert set(stored) <= _stored_ids(redis_client, "dropped", 2)
