@@ -66,6 +66,8 @@ async def test_publishers_and_subscribers_recover_from_a_server_restart(
                 await until(lambda: len(received) >= 2000, 20, "messages before the kill")
                 server.kill()
                 await asyncio.sleep(1.0)
+                # However slowly a busy machine lets it notice (not within a fixed 1 s).
+                await until(lambda: failures > 0, 30, "a publish to fail while the server is down")
                 before_restart = failures
                 server.start()
                 await until(lambda: len(stored) >= 8000, 30, "publishing to resume")

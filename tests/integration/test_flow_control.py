@@ -45,6 +45,14 @@ async def test_held_bytes_stay_under_max_bytes_with_large_messages(
     held: list[int] = []
     flow = streamsub.FlowControl(max_messages=1000, max_bytes=1_000_000)
     async with client.subscribe("large-sub", handler, flow_control=flow) as sub:
+
+        def filled() -> bool:
+            held.append(sub.statistics().flow.outstanding_bytes)
+            return held[-1] >= 800_000
+
+        # The budget used (not starved), however long a busy machine takes to
+        # read 800 KB; then held a while longer, sampled, with every handler waiting.
+        await until(filled, 30, "800 KB held")
         for _ in range(20):
             held.append(sub.statistics().flow.outstanding_bytes)
             await asyncio.sleep(0.05)
