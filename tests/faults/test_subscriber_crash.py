@@ -19,7 +19,11 @@ from tests._layout import stream_key
 from tests._wait import until
 
 ROOT = Path(__file__).resolve().parents[2]
-ACK_DEADLINE = 2.0
+ACK_DEADLINE = 4.0
+"""Long enough that the bound asserted, twice the deadline, leaves a busy machine
+room: a held message becomes free one deadline after its delivery and is found
+by a sweep within a quarter deadline more; the remaining 3 s are for handling
+(2.28 s measured on a quiet machine with a 2 s deadline: 1.72 s of 2 left)."""
 MESSAGES = 20_000
 
 
