@@ -143,7 +143,11 @@ async def test_a_killed_master_under_traffic_loses_no_published_message(
 RETRY_BOUND = ERROR_BACKOFF[1] + 1.0
 """Seconds past the cluster being whole again within which publishing to and
 delivery from the failed-over partition resume: the readers' longest pause
-between retries plus one second for the retry itself."""
+between retries plus one second for the retry itself; plus, in the test, the
+slowest publish (or publish-to-delivery) of the last STEADY seconds before the
+strike (sent and delivered before it), which a busy machine makes longer for
+every message alike."""
+STEADY = 2.0
 
 
 @pytest.mark.timeout(180)
@@ -157,7 +161,9 @@ async def test_a_failed_over_partition_resumes_within_a_bounded_retry_of_the_fai
     replica). Within RETRY_BOUND seconds of the cluster being whole again, a
     publish to partition 0 returns an id, and a message of partition 0
     published after the strike is delivered; every message whose publish
-    returned an id is delivered."""
+    returned an id is delivered. (RETRY_BOUND is counted from the cluster
+    being whole plus what a publish, or a delivery, took just before the
+    strike: the machine's own speed at that time.)"""
     cluster = emptied
     async with streamsub.connect(
         cluster.url, durability=streamsub.Durability(replicas=1)
@@ -224,5 +230,19 @@ async def test_a_failed_over_partition_resumes_within_a_bounded_retry_of_the_fai
     zero = after_strike(struck.started)
     first_publish = min(returned for _, returned, i in published if i in zero)
     first_delivery = min(delivered[i] for i in zero)
-    assert first_publish - struck.whole <= RETRY_BOUND, (timing, first_publish - struck.whole)
-    assert first_delivery - struck.whole <= RETRY_BOUND, (timing, first_delivery - struck.whole)
+    steady = [
+        (returned - sent, delivered[i] - sent)
+        for sent, returned, i in published
+        # Sent and delivered before the strike: what the strike held up is not the
+        # machine's speed.
+        if struck.started - STEADY <= sent
+        and max(returned, delivered.get(i, struck.started)) < struck.started
+    ]
+    publish_bound = RETRY_BOUND + max(p for p, _ in steady)
+    delivery_bound = RETRY_BOUND + max(d for _, d in steady)
+    timing += f"; before it a publish took at most {publish_bound - RETRY_BOUND:.2f} s, a delivery "
+    timing += f"{delivery_bound - RETRY_BOUND:.2f} s"
+    print(f"\n{timing}; resumed: publish {first_publish - struck.whole:.2f} s, delivery "
+          f"{first_delivery - struck.whole:.2f} s after whole")  # fmt: skip
+    assert first_publish - struck.whole <= publish_bound, (timing, first_publish - struck.whole)
+    assert first_delivery - struck.whole <= delivery_bound, (timing, first_delivery - struck.whole)
