@@ -242,7 +242,5 @@ async def test_a_failed_over_partition_resumes_within_a_bounded_retry_of_the_fai
     delivery_bound = RETRY_BOUND + max(d for _, d in steady)
     timing += f"; before it a publish took at most {publish_bound - RETRY_BOUND:.2f} s, a delivery "
     timing += f"{delivery_bound - RETRY_BOUND:.2f} s"
-    print(f"\n{timing}; resumed: publish {first_publish - struck.whole:.2f} s, delivery "
-          f"{first_delivery - struck.whole:.2f} s after whole")  # fmt: skip
     assert first_publish - struck.whole <= publish_bound, (timing, first_publish - struck.whole)
     assert first_delivery - struck.whole <= delivery_bound, (timing, first_delivery - struck.whole)

@@ -194,6 +194,11 @@ def _nodes(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     return nodes, options
 
 
+_REDIS_PY_TRIPS = (AttributeError, KeyError, IndexError, TypeError, RuntimeError)
+"""What redis-py 5.0 raises from inside itself while a cluster changes (a None
+writer of a dropped connection, two topology refreshes clashing)."""
+
+
 def _no_answer(exc: BaseException) -> bool:
     """Whether ``exc`` says a node gave no answer (down, unreachable, stalled),
     rather than an answer (an error reply, refused credentials)."""
@@ -201,7 +206,7 @@ def _no_answer(exc: BaseException) -> bool:
         return False
     if isinstance(exc, NoFreeConnectionError):
         return exc.stalled
-    if isinstance(exc, AttributeError | KeyError | IndexError | TypeError | RuntimeError):
+    if isinstance(exc, _REDIS_PY_TRIPS):
         # redis-py 5.0 tripping over a connection its own reconnect dropped
         # (AttributeError on a None writer) while a master is down: that node
         # gave no answer; our own bugs still raise.
@@ -725,7 +730,7 @@ class RedisClusterBackend(RedisBackend):
                     f"the Redis Cluster at {self.url} is reconfiguring ({type(exc).__name__}: "
                     f"{exc}); try again"
                 ) from exc
-            except (AttributeError, KeyError, IndexError, TypeError, RuntimeError) as exc:
+            except _REDIS_PY_TRIPS as exc:
                 # redis-py 5.0's cluster pipeline trips over a node it has just
                 # dropped from its view (AttributeError on None) while the
                 # cluster fails over, and two of its topology refreshes at once
