@@ -102,7 +102,7 @@ from typing import Any, TypeVar
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from ..._errors import InvalidArgumentError, UnavailableError
+from ..._errors import InvalidArgumentError, StreamsubError, UnavailableError
 from ..._settings import Durability
 from ..base import Entry, OwnedRead, PartitionNode, ServerInfo, TopicRecord
 from . import _keys
@@ -122,6 +122,7 @@ from ._in_order import InOrderConnection
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
 from ._slots import balanced_salts, key_slot
+from ._wakeups import Wakeups
 
 log = logging.getLogger("streamsub")
 
@@ -648,6 +649,12 @@ class RedisClusterBackend(RedisBackend):
         # hidden by a busy partition.
         self._deferred: dict[tuple[str, str, str], Exception] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
+        self._wake: bool | None = None
+        """Whether appends notify idle readers (see :meth:`_wakes`); None: not
+        known yet."""
+        self._wakeups: Wakeups | None = None
+        """The wake-up listener of this client's readers, once one read."""
+        self._closing = False
         self._replicas: dict[str, InOrderConnection] = {}
         """Per replica (``host:port``) asked for records while its master was
         down: a connection of this client's own, each read sent behind ``READONLY``."""
@@ -925,6 +932,10 @@ class RedisClusterBackend(RedisBackend):
         ]
 
     async def close(self) -> None:
+        self._closing = True
+        if self._wakeups is not None:
+            await self._wakeups.close()
+            self._wakeups = None
         await self._appender.close()
         for connection in self._replicas.values():
             await connection.close()
@@ -991,7 +1002,8 @@ class RedisClusterBackend(RedisBackend):
         if (failed := self._deferred.pop(idle_key, None)) is not None:
             with self._errors():
                 raise failed
-        return (await self._polled(idle_key, block_ms, poll)).entries
+        channels = [_keys.wake_channel(keys[p]) for p in partitions]
+        return (await self._polled(idle_key, block_ms, poll, channels)).entries
 
     @_group_checked
     async def read_owned(
@@ -1020,19 +1032,26 @@ class RedisClusterBackend(RedisBackend):
                 fenced |= fenced_here
             return OwnedRead(entries, frozenset(fenced))
 
-        return await self._polled((topic.name, group, consumer), block_ms, poll)
+        keys = self._keys(topic)
+        channels = [_keys.wake_channel(keys[p]) for p in tokens]
+        return await self._polled((topic.name, group, consumer), block_ms, poll, channels)
 
     async def _polled(
         self,
         idle_key: tuple[str, str, str],
         block_ms: int | None,
         poll: Callable[[], Awaitable[OwnedRead]],
+        channels: Sequence[str],
     ) -> OwnedRead:
         """``poll()`` until it brings entries or reports fenced partitions, or the
-        block time is over (see the module docstring, Reading)."""
+        block time is over (see the module docstring, Reading). ``channels``:
+        the polled partitions' wake-up channels."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (block_ms or 0) / 1000
+        wakeups = await self._wakeups_for_reads() if block_ms else None
         while True:
+            # Taken before the poll: an append the poll misses notifies after it.
+            seen = wakeups.counts(channels) if wakeups is not None else ()
             with self._errors():
                 await self._redis.initialize()  # at once when it is
                 result = await poll()
@@ -1042,10 +1061,32 @@ class RedisClusterBackend(RedisBackend):
                 return result
             if left <= 0:
                 return result
-            # Idle: wait longer after each empty poll, also across reads.
+            # Idle: wait longer after each empty poll, also across reads; an
+            # append to a polled partition ends the wait (at once if it came
+            # during the poll).
             wait = self._idle.get(idle_key, IDLE_POLL_FIRST)
             self._idle[idle_key] = min(wait * 2, IDLE_POLL_MAX)
-            await asyncio.sleep(min(wait, left))
+            if wakeups is None:
+                await asyncio.sleep(min(wait, left))
+            else:
+                await wakeups.wait(channels, seen, min(wait, left))
+
+    async def _wakes(self) -> bool:
+        """Whether appends notify (``SPUBLISH``): when every master runs 7.0+
+        (Redis 6.2 has no sharded pub/sub). Asked once; not decided (and not
+        asked for) while the masters cannot say."""
+        if self._wake is None:
+            try:
+                info = await self.server_info()
+            except StreamsubError:
+                return False
+            self._wake = info.version >= (7, 0, 0)
+        return self._wake
+
+    async def _wakeups_for_reads(self) -> Wakeups | None:
+        if self._wakeups is None and not self._closing and await self._wakes():
+            self._wakeups = Wakeups(self._redis, timeout=self._socket_timeout)
+        return self._wakeups
 
     @_group_checked
     async def dead_letter(
@@ -1065,12 +1106,13 @@ class RedisClusterBackend(RedisBackend):
         stream, delays, times = self._companions(topic, partition, group)
         target_key = self._keys(target)[target_partition]
         step = self._dead_letter_steps
+        wake = [_keys.wake_channel(target_key)] if await self._wakes() else []
         with self._errors():
             held = await self._evalsha(step, [stream, times], ["check", group, consumer, entry_id])
             if not held:
                 return None
             first = held[0] if first_delivery_ms is None else first_delivery_ms
             last = held[1] if last_delivery_ms is None else last_delivery_ms
-            new_id = await self._evalsha(step, [target_key], ["append", first, last, packed])
+            new_id = await self._evalsha(step, [target_key], ["append", first, last, packed, *wake])
             await self._evalsha(step, [stream, times, delays], ["ack", group, consumer, entry_id])
         return f"{target_partition}-{_keys_text(new_id)}"

@@ -1,0 +1,251 @@
+"""Wake-ups on a cluster (issue 11): appends SPUBLISH to their partition's shard
+channel, and an idle reader polls as soon as one of its partitions got one.
+
+Speed is measured in benchmarks; here the idle wait between polls (and the read
+block, after which a reader polls again) is made 30 s or more, so a message
+published after the readers went idle is handled within 10 s only if a wake-up
+ended the wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import streamsub
+from streamsub._backends.redis import _cluster, _keys
+from streamsub._engine import reader
+from streamsub._engine.reader import READ_BLOCK_MS
+from streamsub.testing import RedisClusterServers
+from tests._wait import until
+from tests.cluster._helpers import kill_master, owner_port, partition_slot, slot_held_migrating
+
+PARTITIONS = 8
+KEYS = 32
+DELIVERED_WITHIN = 10.0
+
+
+@pytest.fixture
+def huge_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle readers wait 30 s between polls: with reads that last 120 s too
+    (:func:`_long_reads`), only a wake-up delivers a message published to an
+    idle reader within 10 s."""
+    monkeypatch.setattr(_cluster, "IDLE_POLL_FIRST", 30.0)
+    monkeypatch.setattr(_cluster, "IDLE_POLL_MAX", 30.0)
+
+
+async def _long_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads last 120 s from now on. Set only once an ordered subscription's
+    partitions are shared out: a partition changes hands between reads."""
+    monkeypatch.setattr(reader, "READ_BLOCK_MS", 120_000)
+    # The reads begun before end within their block (1 s): no condition to
+    # wait on shows it.
+    await asyncio.sleep(READ_BLOCK_MS / 1000 + 0.5)
+
+
+class _Handled:
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def handler(self) -> Any:
+        async def handle(message: streamsub.Message) -> None:
+            self.seen.add(message.data)
+
+        return handle
+
+
+def _backend(client: streamsub.Client) -> Any:
+    return client._backend
+
+
+def _channels(cluster: RedisClusterServers, topic: str) -> list[str]:
+    """The wake-up channels of ``topic``'s partitions, by partition."""
+    inspect = cluster.client()
+    try:
+        salts = [int(s) for s in inspect.hget(_keys.topic_key(topic), "salts").split()]
+    finally:
+        inspect.close()
+    return [
+        _keys.wake_channel(_keys.stream_key(_keys.partition_tag(topic, p, salt)))
+        for p, salt in enumerate(salts)
+    ]
+
+
+async def _idle(clients: list[streamsub.Client]) -> None:
+    """Wait until each client's reader found nothing after the last message and
+    is in its idle wait."""
+    await until(lambda: all(_backend(c)._idle for c in clients), 15, "the readers idle")
+
+
+def _watched_on(clients: list[streamsub.Client]) -> dict[str, set[str]]:
+    """Per channel the subscribers' listeners are subscribed to, the nodes
+    (``host:port``) they are subscribed on."""
+    watched: dict[str, set[str]] = {}
+    for client in clients:
+        wakeups = _backend(client)._wakeups
+        if wakeups is not None:
+            for channel, node in wakeups.watched().items():
+                watched.setdefault(channel, set()).add(node)
+    return watched
+
+
+async def _watched(clients: list[streamsub.Client], channels: set[str]) -> None:
+    """Wait until the subscribers' listeners are subscribed to ``channels``
+    (between them: an ordered subscriber watches the partitions it owns)."""
+    await until(
+        lambda: channels <= _watched_on(clients).keys(), 20, "the wake-up channels subscribed"
+    )
+
+
+async def _publish_and_expect(
+    admin: streamsub.Client, handled: _Handled, label: str, rounds: int = 4
+) -> None:
+    """Publish ``rounds`` x KEYS messages (every partition gets several); all are
+    handled within DELIVERED_WITHIN s of the last publish."""
+    sent = set()
+    for r in range(rounds):
+        batch = [f"{label}-{r}-{k}".encode() for k in range(KEYS)]
+        await asyncio.gather(
+            *(admin.publish("orders", data, ordering_key=f"k{k}") for k, data in enumerate(batch))
+        )
+        sent |= set(batch)
+    published = time.monotonic()
+    await until(lambda: sent <= handled.seen, DELIVERED_WITHIN, f"every {label} message handled")
+    assert time.monotonic() - published < DELIVERED_WITHIN
+
+
+def _shared_out(clients: list[streamsub.Client]) -> bool:
+    """Each subscriber owns half the partitions of the ordered subscription."""
+    owned = [set(s.statistics().owned) for c in clients for s in c._subscribers]
+    return [len(o) for o in owned] == [PARTITIONS // 2] * 2
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    cluster: RedisClusterServers,
+    ordered: bool,
+    handled: _Handled,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[streamsub.Client, list[streamsub.Client]]]:
+    """An admin client that publishes, and two subscribers (two clients) of a
+    subscription of topic ``orders`` (8 partitions), which handled a first message
+    of every key (so they read every partition) and are idle now."""
+    admin = streamsub.connect(cluster.url)
+    subscribers = [streamsub.connect(cluster.url) for _ in range(2)]
+    try:
+        await admin.create_topic("orders", partitions=PARTITIONS)
+        await admin.create_subscription("billing", topic="orders", enable_message_ordering=ordered)
+        async with (
+            subscribers[0].subscribe("billing", handled.handler(), consumer="a"),
+            subscribers[1].subscribe("billing", handled.handler(), consumer="b"),
+        ):
+            first = {f"first-{k}".encode() for k in range(KEYS)}
+            for k in range(KEYS):
+                await admin.publish("orders", f"first-{k}".encode(), ordering_key=f"k{k}")
+            # The first poll of a read is at once: these need no wake-up.
+            await until(lambda: first <= handled.seen, 60, "the first messages handled")
+            if ordered:
+                await until(lambda: _shared_out(subscribers), 30, "the partitions shared out")
+            await _long_reads(monkeypatch)
+            await _watched(subscribers, set(_channels(cluster, "orders")))
+            await _idle(subscribers)
+            yield admin, subscribers
+    finally:
+        for client in (admin, *subscribers):
+            await client.aclose()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_idle_readers_wake_up_on_a_publish(
+    emptied: RedisClusterServers, huge_poll: None, monkeypatch: pytest.MonkeyPatch, ordered: bool
+) -> None:
+    """Two subscribers of an 8-partition subscription, idle with a 30 s idle
+    wait: 3 bursts of 4 x 32 messages (every partition gets several), each
+    published once the readers are idle again, are all handled within 10 s."""
+    handled = _Handled()
+    async with _running(emptied, ordered, handled, monkeypatch) as (admin, subscribers):
+        for burst in range(3):
+            await _publish_and_expect(admin, handled, f"burst{burst}")
+            await _idle(subscribers)
+
+
+def _move(cluster: RedisClusterServers, slot: int) -> int:
+    """Move ``slot`` to another master as redis-cli --cluster reshard does;
+    return the new master's port."""
+    with slot_held_migrating(cluster, slot) as (_, target):
+        pass
+    return target
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("strike", ["sigkill", "reshard"])
+async def test_wake_ups_resume_after_a_failover_or_a_moved_slot(
+    emptied: RedisClusterServers, huge_poll: None, monkeypatch: pytest.MonkeyPatch, strike: str
+) -> None:
+    """With the 30 s idle wait: partition 0's master is SIGKILLed and replaced
+    by its replica (started again as a replica), or partition 0's slot moves
+    to another master (the old one sends ``sunsubscribe``); the listeners
+    subscribe to its channel on the new master, and messages published to every
+    partition afterwards are all handled within 10 s."""
+    cluster = emptied
+    handled = _Handled()
+    async with _running(cluster, False, handled, monkeypatch) as (_, subscribers):
+        slot = partition_slot(cluster, "orders", 0)
+        channel = _channels(cluster, "orders")[0]
+        old = owner_port(cluster, slot)
+        if strike == "sigkill":
+            new = (await asyncio.to_thread(kill_master, cluster, slot)).new
+        else:
+            new = await asyncio.to_thread(_move, cluster, slot)
+        # Subscribed again: on the new master, or (after the SIGKILL) on the
+        # old one, started again as its replica, which shard messages reach too.
+        shard = {f"127.0.0.1:{new}"} | ({f"127.0.0.1:{old}"} if strike == "sigkill" else set())
+
+        def resubscribed() -> bool:
+            nodes = [_backend(c)._wakeups.watched().get(channel) for c in subscribers]
+            return all(node in shard for node in nodes)
+
+        await until(resubscribed, 20, "partition 0's channel subscribed again by both")
+        await _watched(subscribers, set(_channels(cluster, "orders")))
+        await _idle(subscribers)
+        # A new publisher: the first one's connection to the killed master
+        # fails its next publish (as documented), which is not the subject.
+        async with streamsub.connect(cluster.url) as publisher:
+            for burst in range(2):
+                await _publish_and_expect(publisher, handled, f"after-{burst}")
+                await _idle(subscribers)
+
+
+async def test_without_notifications_readers_poll(emptied: RedisClusterServers) -> None:
+    """A publisher that does not notify (an older one; Redis 6.2): with the usual
+    idle wait, two subscribers still get every message of every partition, and
+    no notification arrived."""
+    cluster = emptied
+    handled = _Handled()
+    admin = streamsub.connect(cluster.url)
+    subscribers = [streamsub.connect(cluster.url) for _ in range(2)]
+    try:
+        _backend(admin)._wake = False
+        await admin.create_topic("orders", partitions=PARTITIONS)
+        await admin.create_subscription("billing", topic="orders")
+        async with (
+            subscribers[0].subscribe("billing", handled.handler(), consumer="a"),
+            subscribers[1].subscribe("billing", handled.handler(), consumer="b"),
+        ):
+            await _watched(subscribers, set(_channels(cluster, "orders")))
+            await _idle(subscribers)
+            for burst in range(3):
+                await _publish_and_expect(admin, handled, f"burst{burst}")
+                await _idle(subscribers)
+            counts = [
+                _backend(c)._wakeups.counts(_channels(cluster, "orders")) for c in subscribers
+            ]
+            assert counts == [(0,) * PARTITIONS] * 2
+    finally:
+        for client in (admin, *subscribers):
+            await client.aclose()
