@@ -23,7 +23,13 @@ from streamsub._engine import reader
 from streamsub._engine.reader import READ_BLOCK_MS
 from streamsub.testing import RedisClusterServers, redis_cluster
 from tests._wait import until
-from tests.cluster._helpers import kill_master, owner_port, partition_slot, slot_held_migrating
+from tests.cluster._helpers import (
+    as_acl_user,
+    kill_master,
+    owner_port,
+    partition_slot,
+    slot_held_migrating,
+)
 
 PARTITIONS = 8
 KEYS = 32
@@ -294,3 +300,36 @@ async def test_redis_6_2_gets_no_spublish(tmp_path: Path) -> None:
             assert appends, "no append logged"
             assert not [c for c in appends if any(a.endswith(b":wake") for a in c)]
             assert _backend(admin)._wake is False
+
+
+async def test_a_user_without_the_channels_polls(
+    emptied: RedisClusterServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a user holding exactly ACL_RULE (no pub/sub channels): the listener
+    is refused, says so in one warning and stops; the appends' SPUBLISH is
+    refused inside the script without failing them; two subscribers get every
+    message by polling."""
+    url = as_acl_user(emptied, "wakeless", "secret-pw")
+    async with streamsub.connect(url) as admin:
+        handled = _Handled()
+        subs = [streamsub.connect(url) for _ in range(2)]
+        try:
+            await admin.create_topic("orders", partitions=PARTITIONS)
+            await admin.create_subscription("billing", topic="orders")
+            async with (
+                subs[0].subscribe("billing", handled.handler(), consumer="a"),
+                subs[1].subscribe("billing", handled.handler(), consumer="b"),
+            ):
+                await until(
+                    lambda: all(getattr(_backend(c)._wakeups, "_refused", False) for c in subs),
+                    20,
+                    "the listeners refused",
+                )
+                for burst in range(3):
+                    await _publish_and_expect(admin, handled, f"burst{burst}")
+                    await _idle(subs)
+        finally:
+            for client in subs:
+                await client.aclose()
+    refusals = [r for r in caplog.records if "refused this user SSUBSCRIBE" in r.getMessage()]
+    assert len(refusals) == 2  # one per subscriber's client

@@ -12,9 +12,20 @@ node (see Lua calls below). What differs:
   partition has its own slot, so one read cannot cover a subscriber's
   partitions. A read sends one non-blocking ``XREADGROUP`` per partition,
   pipelined per node (the nodes in parallel, one round trip); when all come
-  back empty it polls again after an idle wait that doubles from
-  :data:`IDLE_POLL_FIRST` to :data:`IDLE_POLL_MAX`, until the read's block
-  time is over (and the wait stays long while the subscriber stays idle).
+  back empty it polls again once an append to one of those partitions
+  announced itself (a wake-up, below), or after an idle wait that doubles
+  from :data:`IDLE_POLL_FIRST` to :data:`IDLE_POLL_MAX`, whichever comes
+  first, until the read's block time is over (and the wait stays long while
+  the subscriber stays idle). **Wake-ups** (every master 7.0+, which
+  :meth:`RedisClusterBackend._wakes` asks once): the append's script, after
+  its ``XADD``, ``SPUBLISH``es an empty message to the partition's shard
+  channel (``_keys.wake_channel``, in the stream's slot), and each client
+  listens on the channels its readers poll (``_wakeups.py``: one pub/sub
+  connection per master, a counter per channel). A read takes the counters
+  before each poll, so an append its poll did not see ends the wait at once.
+  The idle poll stays the safety net: a publisher that does not notify (Redis
+  6.2, an older streamsub), a channel being subscribed again after a
+  failover or a slot's move, a user not allowed the channels.
   Measured (``benchmarks/cluster.py``, 3 masters on 2 cores, 48,000 stored
   messages, 16 partitions): the read path alone takes 192,000 msgs/s with
   these pipelined polls against 99,000 with one blocking ``XREADGROUP`` per

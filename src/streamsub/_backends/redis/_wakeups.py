@@ -35,6 +35,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from ._slots import key_slot
@@ -76,11 +77,13 @@ class Wakeups:
         """When channels left unwatched by a failure may be placed again (loop time)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._refused = False
+        """The user may not subscribe (an ACL without the channels): off for good."""
 
     def counts(self, channels: Sequence[str]) -> tuple[int, ...]:
         """The counters of ``channels`` now; they are watched from now on (for
         :data:`WATCH_FOR` seconds after the last ask)."""
-        if not self._closed:
+        if not (self._closed or self._refused):
             now = asyncio.get_running_loop().time()
             for channel in channels:
                 if channel not in self._asked:
@@ -130,6 +133,22 @@ class Wakeups:
         if failed:
             self._failed()
         self._changed.set()
+
+    def _refuse(self, exc: Exception) -> None:
+        """The server refused this user the wake-up channels: stop asking."""
+        if not self._refused:
+            self._refused = True
+            log.warning(
+                "streamsub: the Redis Cluster refused this user SSUBSCRIBE to the wake-up "
+                "channels (%s): idle subscribers poll instead of waking at once (a message "
+                "can wait up to about 0.1 s); to wake them, grant the user the channels "
+                "ss:* and +ssubscribe +sunsubscribe +spublish (README, ACL users)",
+                exc,
+            )
+        for watch in self._nodes.values():
+            watch.task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
     def _failed(self) -> None:
         self._retry_at = asyncio.get_running_loop().time() + self._pause
@@ -232,6 +251,9 @@ class _NodeWatch:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never raised to readers: they poll meanwhile
+            if isinstance(exc, rexc.NoPermissionError):
+                self._owner._refuse(exc)
+                return
             log.debug("streamsub: wake-ups from %s stopped: %r", self._node.name, exc)
             failed = True
         lost = list(self.channels)
