@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import streamsub
-from streamsub._backends.redis import _cluster, _keys
+from streamsub._backends.redis import _cluster, _keys, _wakeups
+from streamsub._backends.redis._slots import key_slot
 from streamsub._engine import reader
 from streamsub._engine.reader import READ_BLOCK_MS
 from streamsub.testing import RedisClusterServers, redis_cluster
@@ -333,3 +334,101 @@ async def test_a_user_without_the_channels_polls(
                 await client.aclose()
     refusals = [r for r in caplog.records if "refused this user SSUBSCRIBE" in r.getMessage()]
     assert len(refusals) == 2  # one per subscriber's client
+
+
+def _dead_letters_stored(cluster: RedisClusterServers, topic: str) -> int:
+    """How many entries ``topic``'s streams hold, over every partition."""
+    inspect = cluster.client()
+    try:
+        return sum(inspect.xlen(c.removesuffix(":wake")) for c in _channels(cluster, topic))
+    finally:
+        inspect.close()
+
+
+@pytest.mark.timeout(150)
+async def test_dead_letters_with_wake_ups(
+    emptied: RedisClusterServers, huge_poll: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the 30 s idle wait: 8 messages that always fail go to a dead-letter
+    topic after 5 attempts (the cluster's dead-letter append, given the target's
+    wake-up channel); the two subscribers of the dead-letter topic's
+    subscription handle every dead letter within 10 s of the last one stored,
+    and every listener's connection is closed with its client. (It passes with
+    the dead-letter append's SPUBLISH off too: not a proof of that wake-up.)"""
+    cluster = emptied
+    handled = _Handled()
+    poison = {f"poison-{k}".encode() for k in range(8)}
+
+    async def fail(message: streamsub.Message) -> None:
+        raise RuntimeError("poison")
+
+    async with _running(cluster, False, handled, monkeypatch) as (admin, subscribers):
+        await admin.create_topic("graveyard", partitions=4)
+        await admin.create_subscription("mourners", topic="graveyard")
+        await admin.create_subscription(
+            "doomed",
+            topic="orders",
+            dead_letter_topic="graveyard",
+            max_delivery_attempts=5,
+            retry_policy=streamsub.RetryPolicy(minimum_backoff=0.1, maximum_backoff=0.2),
+        )
+        async with (
+            subscribers[0].subscribe("mourners", handled.handler(), consumer="a"),
+            subscribers[1].subscribe("mourners", handled.handler(), consumer="b"),
+            admin.subscribe("doomed", fail, consumer="c"),
+        ):
+            await _watched(subscribers, set(_channels(cluster, "graveyard")))
+            await _idle(subscribers)
+            for data in sorted(poison):
+                await admin.publish("orders", data, ordering_key=data.decode())
+            await until(
+                lambda: _dead_letters_stored(cluster, "graveyard") == len(poison),
+                60,
+                "every poison message dead-lettered",
+            )
+            stored = time.monotonic()
+            await until(lambda: poison <= handled.seen, DELIVERED_WITHIN, "every dead letter")
+            assert time.monotonic() - stored < DELIVERED_WITHIN
+    every = set(_channels(cluster, "orders")) | set(_channels(cluster, "graveyard"))
+    # Every listener's connection closed with its client.
+    await until(lambda: _subscribers_at_server(cluster, every) == 0, 5, "no subscriber left")
+
+
+async def test_channels_no_reader_asks_for_are_dropped(
+    emptied: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With channels kept 1 s after the last ask: once its subscriber stopped
+    (the client still open), a topic's channels are unsubscribed, and a new
+    subscriber watches them again."""
+    monkeypatch.setattr(_wakeups, "WATCH_FOR", 1.0)
+    cluster = emptied
+    handled = _Handled()
+    async with streamsub.connect(cluster.url) as client:
+        await client.create_topic("orders", partitions=PARTITIONS)
+        await client.create_subscription("billing", topic="orders")
+        channels = set(_channels(cluster, "orders"))
+        for _ in range(2):
+            async with client.subscribe("billing", handled.handler()):
+                await _watched([client], channels)
+                assert await asyncio.to_thread(_subscribers_at_server, cluster, channels) == 8
+            await until(
+                lambda: not channels & _watched_on([client]).keys(), 10, "the channels dropped"
+            )
+            await until(
+                lambda: _subscribers_at_server(cluster, channels) == 0,
+                10,
+                "the masters' subscriptions gone",
+            )
+
+
+def _subscribers_at_server(cluster: RedisClusterServers, channels: set[str]) -> int:
+    """The subscribers of ``channels`` their slots' masters count."""
+    total = 0
+    for channel in channels:
+        node = cluster.node(owner_port(cluster, key_slot(channel)))
+        try:
+            _, count = node.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+            total += int(count)
+        finally:
+            node.close()
+    return total

@@ -1095,8 +1095,13 @@ class RedisClusterBackend(RedisBackend):
         return self._wake
 
     async def _wakeups_for_reads(self) -> Wakeups | None:
-        if self._wakeups is None and not self._closing and await self._wakes():
-            self._wakeups = Wakeups(self._redis, timeout=self._socket_timeout)
+        # Checked again after the wait for the servers' version: a close, or
+        # another reader's first read, may have come meanwhile (a listener
+        # made twice, or after the close, would never be closed).
+        if self._wakeups is None:
+            wakes = await self._wakes()
+            if wakes and self._wakeups is None and not self._closing:
+                self._wakeups = Wakeups(self._redis, timeout=self._socket_timeout)
         return self._wakeups
 
     @_group_checked

@@ -160,7 +160,8 @@ class Wakeups:
     async def _run(self) -> None:
         """Place channels on nodes, and drop the ones no reader asks for."""
         loop = asyncio.get_running_loop()
-        while True:
+        # Not ``while True``: Python 3.11's wait_for can swallow a cancel.
+        while not self._closed:
             if any(c not in self._home for c in self._asked):
                 # Channels to place: after the pause that follows a failure.
                 await asyncio.sleep(max(0.0, self._retry_at - loop.time()))
@@ -188,6 +189,8 @@ class Wakeups:
         if self._stale:
             self._stale = False
             await self._client.nodes_manager.initialize()
+        if self._closed:
+            return
         for channel in channels:
             node = self._client.nodes_manager.get_node_from_slot(key_slot(channel))
             watch = self._nodes.get(node.name)
@@ -205,6 +208,12 @@ class Wakeups:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A watch started meanwhile (a cancel that came too late) stops at
+        # _closed; one more round closes it.
+        late = [w.task for w in self._nodes.values() if w.task not in tasks]
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
         self._nodes.clear()
         self._home.clear()
         for waiting in self._waiters.values():
@@ -270,7 +279,7 @@ class _NodeWatch:
         try:
             await connection.connect()
             reader = asyncio.ensure_future(self._read(connection))
-            while self.channels:
+            while self.channels and not self._owner._closed:
                 self._changed.clear()
                 add = self.channels - self._subscribed - self._sent
                 remove = (self._subscribed | self._sent) - self.channels
