@@ -259,7 +259,7 @@ async def test_without_notifications_readers_poll(emptied: RedisClusterServers) 
     two subscribers (listening) still get every message of every partition, and
     no notification arrived."""
     async with streamsub.connect(emptied.url) as admin:
-        _backend(admin)._wake = False
+        _backend(admin)._wakes = lambda: False  # as a publisher that never notifies
         await _poll_only(emptied, admin)
 
 

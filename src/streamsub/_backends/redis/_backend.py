@@ -794,7 +794,7 @@ class RedisBackend:
         keys = self._keys(topic)
         source = self._append_source
         partitions = list(batch)
-        wakes = await self._wakes()
+        wakes = self._wakes()  # no await: calls must reach _append_many in order
         commands: list[tuple[Any, ...]] = []
         for p in partitions:
             link = links.get(p) if links else None
@@ -830,7 +830,7 @@ class RedisBackend:
                         results[partitions[i]] = error
         return results
 
-    async def _wakes(self) -> bool:
+    def _wakes(self) -> bool:
         """Whether appends announce themselves on their partition's wake-up
         channel (``SPUBLISH``): never on one server, where readers block on
         ``XREADGROUP`` already."""
