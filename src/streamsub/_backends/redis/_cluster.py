@@ -618,7 +618,8 @@ class RedisClusterBackend(RedisBackend):
     (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections``
     (default 64) caps the client's pooled connections per node; a command
     beyond it waits, up to ``socket_timeout``, for one to be free (see
-    ``_node_gates``). Publishing keeps one more connection per node of its own.
+    ``_node_gates``). Publishing keeps one more connection per node of its own,
+    and reading (on Redis 7.0+) one pub/sub connection per master for wake-ups.
     """
 
     def _open(
