@@ -432,3 +432,42 @@ def _subscribers_at_server(cluster: RedisClusterServers, channels: set[str]) -> 
         finally:
             node.close()
     return total
+
+
+def _owned_channels(client: streamsub.Client, channels: list[str]) -> set[str]:
+    return {channels[p] for s in client._subscribers for p in s.statistics().owned}
+
+
+@pytest.mark.timeout(120)
+async def test_a_partition_handed_over_is_let_go(emptied: RedisClusterServers) -> None:
+    """An ordered subscriber that read all 8 partitions alone, then handed half
+    of them to a second subscriber (another client), unsubscribes from the
+    handed-over partitions' channels within 10 s (channels are otherwise kept
+    60 s after the last ask: every client subscribed reads each notification),
+    and each listener watches exactly its subscriber's partitions."""
+    cluster = emptied
+    handled = _Handled()
+    first, second = streamsub.connect(cluster.url), streamsub.connect(cluster.url)
+    try:
+        await first.create_topic("orders", partitions=PARTITIONS)
+        await first.create_subscription("billing", topic="orders", enable_message_ordering=True)
+        channels = _channels(cluster, "orders")
+        async with first.subscribe("billing", handled.handler(), consumer="a"):
+            await _watched([first], set(channels))
+            async with second.subscribe("billing", handled.handler(), consumer="b"):
+                await until(lambda: _shared_out([first, second]), 30, "the partitions shared out")
+
+                def each_watches_its_own() -> bool:
+                    return all(
+                        set(_watched_on([c])) == _owned_channels(c, channels)
+                        for c in (first, second)
+                    )
+
+                await until(each_watches_its_own, 10, "each listener on its own partitions")
+                for k in range(KEYS):  # and both still deliver
+                    await first.publish("orders", f"after-{k}".encode(), ordering_key=f"k{k}")
+                after = {f"after-{k}".encode() for k in range(KEYS)}
+                await until(lambda: after <= handled.seen, 30, "the messages after the hand-over")
+    finally:
+        await first.aclose()
+        await second.aclose()

@@ -38,13 +38,12 @@ node (see Lua calls below). What differs:
   ``MOVED``, and redis-py 8's socket timeout re-sends; a poll is short, and a
   redirection or reset fails one poll, which the reader retries. The cost:
   without wake-ups a message arriving after an idle spell waits for the next
-  poll (median 28 ms, at most about :data:`IDLE_POLL_MAX`; 7 ms on one
-  server); with them, a round trip more than a blocked read (end to end at
-  100 msg/s, ``benchmarks/latency.py --cluster``: p50 1.91 ms and p99
-  4.00 ms, against 2.82 and 7.41 ms polling; an ordered subscription, whose
-  four subscribers each see a message every 40 ms, p99 5.31 ms against
-  85.75 ms). An idle subscriber of a 16-partition topic still sends about
-  190 ``XREADGROUP`` per second (the safety net), and each append one
+  poll, up to about :data:`IDLE_POLL_MAX`; with them, a round trip more than
+  a blocked read (end to end at 100 msg/s, ``benchmarks/latency.py
+  --cluster``: p99 2.9 to 3.3 ms against 7.1 to 7.7 ms polling; an ordered
+  subscription, whose four subscribers each see a message every 40 ms, 1.9
+  to 2.3 ms against 86 to 88 ms). An idle subscriber of a 16-partition topic
+  still sends about 190 ``XREADGROUP`` per second (the safety net), and each append one
   ``SPUBLISH``, which every client reading the partition receives.
   redis-py would also ask the server for each ``XREADGROUP``'s keys
   (``COMMAND GETKEYS``) before sending it; routing by the key's slot here
@@ -1076,7 +1075,7 @@ class RedisClusterBackend(RedisBackend):
         wakeups = await self._wakeups_for_reads() if block_ms else None
         while True:
             # Taken before the poll: an append the poll misses notifies after it.
-            seen = wakeups.counts(channels) if wakeups is not None else ()
+            seen = wakeups.counts(channels, idle_key) if wakeups is not None else ()
             with self._errors():
                 await self._redis.initialize()  # at once when it is
                 result = await poll()

@@ -22,7 +22,10 @@ stale) or a ``sunsubscribe`` the server sends (a slot moved away) leaves those
 channels unwatched; they are subscribed again where the slot map says, after
 a pause that grows while that keeps failing (:data:`RETRY_FIRST` to
 :data:`RETRY_MAX`). Errors here are logged (debug), never raised to readers. A
-channel no reader asked about for :data:`WATCH_FOR` seconds is unsubscribed.
+channel no reader asked about for :data:`WATCH_FOR` seconds is unsubscribed,
+and at once when the one reader that asked for it stops (an ordered
+subscriber that hands its partition over): a notification is read by every
+client subscribed to it.
 redis-py's asyncio ``PubSub`` has no sharded pub/sub in 5.0, so the commands
 are spoken on a plain connection (RESP2: pushes are arrays).
 """
@@ -32,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import redis.exceptions as rexc
@@ -65,6 +69,8 @@ class Wakeups:
         self._counts: dict[str, int] = {}
         self._asked: dict[str, float] = {}
         """Per watched channel, when a reader last asked for it (loop time)."""
+        self._readers: dict[Hashable, tuple[frozenset[str], float]] = {}
+        """Per reader, the channels of its last ask and when it was."""
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._home: dict[str, _NodeWatch] = {}
         """Per channel, the watch of the node it is (to be) subscribed on."""
@@ -80,18 +86,34 @@ class Wakeups:
         self._refused = False
         """The user may not subscribe (an ACL without the channels): off for good."""
 
-    def counts(self, channels: Sequence[str]) -> tuple[int, ...]:
+    def counts(self, channels: Sequence[str], reader: Hashable = None) -> tuple[int, ...]:
         """The counters of ``channels`` now; they are watched from now on (for
-        :data:`WATCH_FOR` seconds after the last ask)."""
+        :data:`WATCH_FOR` seconds after the last ask). A ``reader`` that asks
+        for fewer channels than last time (an ordered subscriber that handed a
+        partition over) lets go of the others at once, unless another reader
+        asks for them too."""
         if not (self._closed or self._refused):
             now = asyncio.get_running_loop().time()
             for channel in channels:
                 if channel not in self._asked:
                     self._changed.set()
                 self._asked[channel] = now
+            if reader is not None:
+                self._reader_asked(reader, frozenset(channels), now)
             if self._task is None:
                 self._task = asyncio.ensure_future(self._run())
         return tuple(self._counts.get(channel, 0) for channel in channels)
+
+    def _reader_asked(self, reader: Hashable, channels: frozenset[str], now: float) -> None:
+        before = self._readers.get(reader)
+        self._readers[reader] = (channels, now)
+        if before is None or not (left := before[0] - channels):
+            return
+        for _, (theirs, _) in self._readers.items():
+            left -= theirs
+        for channel in left:
+            self._asked[channel] = -math.inf  # dropped at the next turn of _run
+            self._changed.set()
 
     async def wait(self, channels: Sequence[str], seen: tuple[int, ...], timeout: float) -> None:
         """Return once a counter of ``channels`` differs from ``seen`` (what
@@ -170,6 +192,8 @@ class Wakeups:
                     await asyncio.wait_for(self._changed.wait(), WATCH_FOR / 4)
             self._changed.clear()
             old = loop.time() - WATCH_FOR
+            for gone in [r for r, (_, t) in self._readers.items() if t < old]:
+                del self._readers[gone]
             for channel in [c for c, t in self._asked.items() if t < old]:
                 del self._asked[channel]
                 self._counts.pop(channel, None)
