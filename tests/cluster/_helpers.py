@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from streamsub._backends.redis import _keys
 from streamsub._backends.redis._slots import key_slot
-from streamsub.testing import RedisClusterServers
+from streamsub.testing import ACL_RULE, RedisClusterServers
 
 
 def partition_slot(cluster: RedisClusterServers, topic: str, partition: int) -> int:
@@ -184,3 +184,17 @@ def assert_nothing_pending(cluster: RedisClusterServers, tags: Sequence[str], gr
             assert inspect.xpending(_keys.stream_key(tag), group)["pending"] == 0, tag
     finally:
         inspect.close()
+
+
+def as_acl_user(cluster: RedisClusterServers, name: str, password: str) -> str:
+    """Create ``name`` with exactly ACL_RULE on every node; the cluster's URL as it."""
+    for port in cluster.ports:
+        node = cluster.node(port)
+        try:
+            node.execute_command(
+                "ACL", "SETUSER", name, "reset", "on", f">{password}", *ACL_RULE.split()
+            )
+        finally:
+            node.close()
+    scheme, rest = cluster.url.split("://", 1)
+    return f"{scheme}://{name}:{password}@{rest}"

@@ -60,7 +60,7 @@ async def test_commands_beyond_the_cap_on_one_node_wait_and_all_succeed(
                 topics = await asyncio.gather(*(client.get_topic("capped") for _ in range(200)))
                 assert {t.partitions for t in topics} == {4}
     assert peak, "no sample taken"
-    assert max(peak.values()) <= 3, peak
+    assert max(peak.values()) <= 4, peak
 
 
 async def test_subscribers_and_publishers_beyond_the_cap_deliver_everything(
@@ -69,7 +69,8 @@ async def test_subscribers_and_publishers_beyond_the_cap_deliver_everything(
     """With 2 connections per node, four subscribers of one client and eight
     concurrent publishers move 4,000 messages over 6 partitions: every message
     is delivered, none twice, and no node serves more than 2 pooled
-    connections of the client plus its in-order publishing one."""
+    connections of the client plus its in-order publishing one and its
+    wake-up listener's pub/sub one."""
     seen: collections.Counter[bytes] = collections.Counter()
 
     async def handler(message: streamsub.Message) -> None:
@@ -96,4 +97,4 @@ async def test_subscribers_and_publishers_beyond_the_cap_deliver_everything(
                 for subscriber in subscribers:
                     await subscriber.__aexit__(None, None, None)
     assert max(seen.values()) == 1
-    assert max(peak.values()) <= 3, peak
+    assert max(peak.values()) <= 4, peak

@@ -10,26 +10,13 @@ from __future__ import annotations
 import time
 
 import streamsub.blocking
-from streamsub.testing import ACL_RULE, RedisClusterServers
+from streamsub.testing import RedisClusterServers
+from tests.cluster._helpers import as_acl_user
 from tests.cluster.test_describe_during_failover import (
     ANSWER_WITHIN,
     _place,
     _role,
 )
-
-
-def _as_user(cluster: RedisClusterServers, name: str, password: str) -> str:
-    """Create ``name`` with exactly ACL_RULE on every node; the cluster's URL as it."""
-    for port in cluster.ports:
-        node = cluster.node(port)
-        try:
-            node.execute_command(
-                "ACL", "SETUSER", name, "reset", "on", f">{password}", *ACL_RULE.split()
-            )
-        finally:
-            node.close()
-    scheme, rest = cluster.url.split("://", 1)
-    return f"{scheme}://{name}:{password}@{rest}"
 
 
 def test_an_acl_user_reads_the_records_from_the_replica_of_a_killed_master(
@@ -40,7 +27,7 @@ def test_an_acl_user_reads_the_records_from_the_replica_of_a_killed_master(
     answer within a few seconds with what they gave before, before the
     replica is promoted."""
     cluster = slow_cluster
-    url = _as_user(cluster, "app", "app-pw")
+    url = as_acl_user(cluster, "app", "app-pw")
     with streamsub.blocking.connect(cluster.url) as admin:
         placed = _place(cluster, admin)
     with streamsub.blocking.connect(url) as client:

@@ -794,16 +794,21 @@ class RedisBackend:
         keys = self._keys(topic)
         source = self._append_source
         partitions = list(batch)
+        wakes = self._wakes()  # no await: calls must reach _append_many in order
         commands: list[tuple[Any, ...]] = []
         for p in partitions:
             link = links.get(p) if links else None
+            wake = (_keys.wake_channel(keys[p]),) if wakes else ()
             if link is None:
-                commands.append(("EVAL", source, 1, keys[p], batch[p]))
+                if wake:
+                    commands.append(("EVAL", source, 1, keys[p], batch[p], "", "", *wake))
+                else:
+                    commands.append(("EVAL", source, 1, keys[p], batch[p]))
             else:
                 after = "" if link.after is None else link.after
                 link_key = _keys.link_key(keys[p], link.writer)
                 commands.append(
-                    ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after)
+                    ("EVAL", source, 2, keys[p], link_key, batch[p], link.number, after, *wake)
                 )
         with self._errors():
             replies, confirmations = await self._append_many(commands, self._behind())
@@ -824,6 +829,12 @@ class RedisBackend:
                     if not isinstance(results[partitions[i]], StreamsubError):
                         results[partitions[i]] = error
         return results
+
+    def _wakes(self) -> bool:
+        """Whether appends announce themselves on their partition's wake-up
+        channel (``SPUBLISH``): never on one server, where readers block on
+        ``XREADGROUP`` already."""
+        return False
 
     def _raise_lost(self, replies: Sequence[Any]) -> None:
         """Raise a lost connection found among a write's replies: the outcome of

@@ -12,9 +12,20 @@ node (see Lua calls below). What differs:
   partition has its own slot, so one read cannot cover a subscriber's
   partitions. A read sends one non-blocking ``XREADGROUP`` per partition,
   pipelined per node (the nodes in parallel, one round trip); when all come
-  back empty it polls again after an idle wait that doubles from
-  :data:`IDLE_POLL_FIRST` to :data:`IDLE_POLL_MAX`, until the read's block
-  time is over (and the wait stays long while the subscriber stays idle).
+  back empty it polls again once an append to one of those partitions
+  announced itself (a wake-up, below), or after an idle wait that doubles
+  from :data:`IDLE_POLL_FIRST` to :data:`IDLE_POLL_MAX`, whichever comes
+  first, until the read's block time is over (and the wait stays long while
+  the subscriber stays idle). **Wake-ups** (every master 7.0+, which
+  :meth:`RedisClusterBackend._wakes` asks once): the append's script, after
+  its ``XADD``, ``SPUBLISH``es an empty message to the partition's shard
+  channel (``_keys.wake_channel``, in the stream's slot), and each client
+  listens on the channels its readers poll (``_wakeups.py``: one pub/sub
+  connection per master, a counter per channel). A read takes the counters
+  before each poll, so an append its poll did not see ends the wait at once.
+  The idle poll stays the safety net: a publisher that does not notify (Redis
+  6.2, an older streamsub), a channel being subscribed again after a
+  failover or a slot's move, a user not allowed the channels.
   Measured (``benchmarks/cluster.py``, 3 masters on 2 cores, 48,000 stored
   messages, 16 partitions): the read path alone takes 192,000 msgs/s with
   these pipelined polls against 99,000 with one blocking ``XREADGROUP`` per
@@ -26,12 +37,17 @@ node (see Lua calls below). What differs:
   connection, and is what a failover answers ``UNBLOCKED``, a moved slot
   ``MOVED``, and redis-py 8's socket timeout re-sends; a poll is short, and a
   redirection or reset fails one poll, which the reader retries. The cost:
-  a message arriving after an idle spell waits for the next poll (median
-  28 ms, at most about :data:`IDLE_POLL_MAX`; 7 ms on one server), and an
-  idle subscriber of a 16-partition topic sends about 190 ``XREADGROUP``
-  per second. redis-py would also ask the server for each ``XREADGROUP``'s
-  keys (``COMMAND GETKEYS``) before sending it; routing by the key's slot
-  here skips that.
+  without wake-ups a message arriving after an idle spell waits for the next
+  poll, up to about :data:`IDLE_POLL_MAX`; with them, a round trip more than
+  a blocked read (end to end at 100 msg/s, ``benchmarks/latency.py
+  --cluster``: p99 2.9 to 3.3 ms against 7.1 to 7.7 ms polling; an ordered
+  subscription, whose four subscribers each see a message every 40 ms, 1.9
+  to 2.3 ms against 86 to 88 ms). An idle subscriber of a 16-partition topic
+  still sends about 190 ``XREADGROUP`` per second (the safety net), and each append one
+  ``SPUBLISH``, which every client reading the partition receives.
+  redis-py would also ask the server for each ``XREADGROUP``'s keys
+  (``COMMAND GETKEYS``) before sending it; routing by the key's slot here
+  skips that.
 - **Appending**: batches go through one in-order connection per node (as on
   one server, several in flight), routed by a slot map of the appender's own
   that changes only under its send lock, so that a batch redirected by
@@ -102,7 +118,7 @@ from typing import Any, TypeVar
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from ..._errors import InvalidArgumentError, UnavailableError
+from ..._errors import InvalidArgumentError, StreamsubError, UnavailableError
 from ..._settings import Durability
 from ..base import Entry, OwnedRead, PartitionNode, ServerInfo, TopicRecord
 from . import _keys
@@ -122,6 +138,7 @@ from ._in_order import InOrderConnection
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
 from ._slots import balanced_salts, key_slot
+from ._wakeups import Wakeups
 
 log = logging.getLogger("streamsub")
 
@@ -605,7 +622,8 @@ class RedisClusterBackend(RedisBackend):
     (``ssl_ca_certs`` as for :class:`RedisBackend`). ``max_connections``
     (default 64) caps the client's pooled connections per node; a command
     beyond it waits, up to ``socket_timeout``, for one to be free (see
-    ``_node_gates``). Publishing keeps one more connection per node of its own.
+    ``_node_gates``). Publishing keeps one more connection per node of its own,
+    and reading (on Redis 7.0+) one pub/sub connection per master for wake-ups.
     """
 
     def _open(
@@ -653,6 +671,14 @@ class RedisClusterBackend(RedisBackend):
         # hidden by a busy partition.
         self._deferred: dict[tuple[str, str, str], Exception] = {}
         """Per subscriber (topic, group, consumer): its wait after the next empty poll."""
+        self._wake: bool | None = None
+        """Whether appends notify idle readers (see :meth:`_wakes`); None: not
+        known yet."""
+        self._deciding: asyncio.Future[bool] | None = None
+        """The background ask of the masters' versions for :meth:`_wakes`."""
+        self._wakeups: Wakeups | None = None
+        """The wake-up listener of this client's readers, once one read."""
+        self._closing = False
         self._replicas: dict[str, InOrderConnection] = {}
         """Per replica (``host:port``) asked for records while its master was
         down: a connection of this client's own, each read sent behind ``READONLY``."""
@@ -930,6 +956,13 @@ class RedisClusterBackend(RedisBackend):
         ]
 
     async def close(self) -> None:
+        self._closing = True
+        if self._deciding is not None:
+            self._deciding.cancel()
+            await asyncio.gather(self._deciding, return_exceptions=True)
+        if self._wakeups is not None:
+            await self._wakeups.close()
+            self._wakeups = None
         await self._appender.close()
         for connection in self._replicas.values():
             await connection.close()
@@ -942,6 +975,7 @@ class RedisClusterBackend(RedisBackend):
         partitions may vanish), else the masters' common policy."""
         infos = list((await self._on_masters("INFO")).values())
         if any(isinstance(info, Exception) for info in infos):
+            self._wake = False
             return ServerInfo((0, 0, 0), None)  # INFO refused (an ACL): nothing assumed
         versions, policies = [], set()
         for info in infos:
@@ -949,6 +983,7 @@ class RedisClusterBackend(RedisBackend):
             parts = [int(p) if p.isdigit() else 0 for p in raw.split(".")[:3]]
             versions.append(tuple([*parts, 0, 0, 0][:3]))
             policies.add(info.get("maxmemory_policy"))
+        self._wake = min(versions) >= (7, 0, 0)  # see _wakes
         evicting = sorted(str(p) for p in policies if p not in (None, "noeviction"))
         policy = evicting[0] if evicting else policies.pop() if len(policies) == 1 else None
         return ServerInfo(min(versions), None if policy is None else str(policy))  # type: ignore[arg-type]
@@ -996,7 +1031,8 @@ class RedisClusterBackend(RedisBackend):
         if (failed := self._deferred.pop(idle_key, None)) is not None:
             with self._errors():
                 raise failed
-        return (await self._polled(idle_key, block_ms, poll)).entries
+        channels = [_keys.wake_channel(keys[p]) for p in partitions]
+        return (await self._polled(idle_key, block_ms, poll, channels)).entries
 
     @_group_checked
     async def read_owned(
@@ -1025,19 +1061,26 @@ class RedisClusterBackend(RedisBackend):
                 fenced |= fenced_here
             return OwnedRead(entries, frozenset(fenced))
 
-        return await self._polled((topic.name, group, consumer), block_ms, poll)
+        keys = self._keys(topic)
+        channels = [_keys.wake_channel(keys[p]) for p in tokens]
+        return await self._polled((topic.name, group, consumer), block_ms, poll, channels)
 
     async def _polled(
         self,
         idle_key: tuple[str, str, str],
         block_ms: int | None,
         poll: Callable[[], Awaitable[OwnedRead]],
+        channels: Sequence[str],
     ) -> OwnedRead:
         """``poll()`` until it brings entries or reports fenced partitions, or the
-        block time is over (see the module docstring, Reading)."""
+        block time is over (see the module docstring, Reading). ``channels``:
+        the polled partitions' wake-up channels."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (block_ms or 0) / 1000
+        wakeups = await self._wakeups_for_reads() if block_ms else None
         while True:
+            # Taken before the poll: an append the poll misses notifies after it.
+            seen = wakeups.counts(channels, idle_key) if wakeups is not None else ()
             with self._errors():
                 await self._redis.initialize()  # at once when it is
                 result = await poll()
@@ -1047,10 +1090,40 @@ class RedisClusterBackend(RedisBackend):
                 return result
             if left <= 0:
                 return result
-            # Idle: wait longer after each empty poll, also across reads.
+            # Idle: wait longer after each empty poll, also across reads; an
+            # append to a polled partition ends the wait (at once if it came
+            # during the poll).
             wait = self._idle.get(idle_key, IDLE_POLL_FIRST)
             self._idle[idle_key] = min(wait * 2, IDLE_POLL_MAX)
-            await asyncio.sleep(min(wait, left))
+            if wakeups is None:
+                await asyncio.sleep(min(wait, left))
+            else:
+                await wakeups.wait(channels, seen, min(wait, left))
+
+    def _wakes(self) -> bool:
+        """Whether appends notify (``SPUBLISH``): when every master runs 7.0+
+        (Redis 6.2 has no sharded pub/sub), as :meth:`server_info` last found.
+        Not known yet: no, and the masters are asked in the background (an
+        append must not wait: calls reach the appender in the order made)."""
+        if self._wake is None and (self._deciding is None or self._deciding.done()):
+            self._deciding = asyncio.ensure_future(self._decide_wakes())
+        return bool(self._wake)
+
+    async def _decide_wakes(self) -> bool:
+        if self._wake is None:
+            with contextlib.suppress(StreamsubError):  # not known: asked again later
+                await self.server_info()
+        return bool(self._wake)
+
+    async def _wakeups_for_reads(self) -> Wakeups | None:
+        # Checked again after the wait for the servers' version: a close, or
+        # another reader's first read, may have come meanwhile (a listener
+        # made twice, or after the close, would never be closed).
+        if self._wakeups is None:
+            wakes = await self._decide_wakes()
+            if wakes and self._wakeups is None and not self._closing:
+                self._wakeups = Wakeups(self._redis, timeout=self._socket_timeout)
+        return self._wakeups
 
     @_group_checked
     async def dead_letter(
@@ -1070,12 +1143,13 @@ class RedisClusterBackend(RedisBackend):
         stream, delays, times = self._companions(topic, partition, group)
         target_key = self._keys(target)[target_partition]
         step = self._dead_letter_steps
+        wake = [_keys.wake_channel(target_key)] if self._wakes() else []
         with self._errors():
             held = await self._evalsha(step, [stream, times], ["check", group, consumer, entry_id])
             if not held:
                 return None
             first = held[0] if first_delivery_ms is None else first_delivery_ms
             last = held[1] if last_delivery_ms is None else last_delivery_ms
-            new_id = await self._evalsha(step, [target_key], ["append", first, last, packed])
+            new_id = await self._evalsha(step, [target_key], ["append", first, last, packed, *wake])
             await self._evalsha(step, [stream, times, delays], ["ack", group, consumer, entry_id])
         return f"{target_partition}-{_keys_text(new_id)}"

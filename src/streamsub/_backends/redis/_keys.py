@@ -40,6 +40,7 @@ __all__ = [
     "subscription_key",
     "times_key",
     "topic_key",
+    "wake_channel",
 ]
 
 LAYOUT = "v1"
@@ -76,6 +77,13 @@ def link_key(stream: str, writer: str) -> str:
     expiring after a minute), which the writes it has in flight behind it check;
     it shares the stream's tag."""
     return f"{stream}:link:{writer}"
+
+
+def wake_channel(stream: str) -> str:
+    """The shard channel (``SSUBSCRIBE``) on which appends to the partition
+    ``stream`` announce themselves on Redis Cluster (an empty message), so idle
+    readers poll at once; it shares the stream's tag, so it is in its slot."""
+    return f"{stream}:wake"
 
 
 def link_pattern(topic: str) -> str:

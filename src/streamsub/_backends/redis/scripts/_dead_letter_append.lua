@@ -1,7 +1,9 @@
 -- Appending a dead letter, prepended to the scripts that do it: ``blob`` is the
 -- message's fields packed (a 2-byte count, then per field a 4-byte length and
 -- the bytes), appended with its first and last delivery times as attributes.
-local function append_dead_letter(target, blob, first, last)
+-- ``wake``, when given and not '', is the target partition's wake-up channel,
+-- SPUBLISHed to after the append (as append.lua does; Redis Cluster 7.0+ only).
+local function append_dead_letter(target, blob, first, last, wake)
   local n, pos = struct.unpack('>I2', blob, 1)
   local args = {'XADD', target, '*'}
   for _ = 1, n do
@@ -14,5 +16,9 @@ local function append_dead_letter(target, blob, first, last)
   args[#args + 1] = first
   args[#args + 1] = 'a:streamsub.last_delivery_ms'
   args[#args + 1] = last
-  return redis.call(unpack(args))
+  local id = redis.call(unpack(args))
+  if wake and wake ~= '' then
+    redis.pcall('SPUBLISH', wake, '')
+  end
+  return id
 end

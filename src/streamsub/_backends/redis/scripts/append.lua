@@ -12,6 +12,12 @@
 -- or '' for none. A write whose link does not hold stores nothing and answers
 -- BROKENLINK: an earlier write of the writer failed, and this one must not
 -- overtake it.
+-- Wake-ups (Redis Cluster on 7.0+ only): ARGV[4], when given and not '', is the
+-- partition's wake-up channel (it shares the stream's tag, so it is in this
+-- script's slot), to which an empty message is SPUBLISHed after the entries
+-- are added: idle readers of the partition poll at once (_wakeups.py). ARGV[2]
+-- and ARGV[3] are '' then for an unlinked write. pcall: a server without
+-- SPUBLISH (6.2) must not fail a write whose entries are stored already.
 local key, blob = KEYS[1], ARGV[1]
 -- Topics create their streams; a missing one means the topic was deleted.
 if redis.call('EXISTS', key) == 0 then
@@ -44,5 +50,9 @@ end
 if link then
   -- Only writes in flight behind this one read it: a minute outlives them.
   redis.call('SET', link, ARGV[2], 'PX', 60000)
+end
+local wake = ARGV[4]
+if wake and wake ~= '' then
+  redis.pcall('SPUBLISH', wake, '')
 end
 return table.concat(ids, ' ')

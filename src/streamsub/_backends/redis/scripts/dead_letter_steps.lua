@@ -7,7 +7,8 @@
 --   ARGV: "check", group, consumer, id. Returns {first ms, last ms}, or false
 --   when the entry is not this consumer's.
 -- append: KEYS[1]: the dead-letter stream. ARGV: "append", first ms, last ms,
---   the message packed as append.lua takes it. Returns the new entry id.
+--   the message packed as append.lua takes it, and optionally the target's
+--   wake-up channel (see append.lua). Returns the new entry id.
 -- ack: KEYS[1]: the source stream, KEYS[2]: its records, KEYS[3]: its delay set.
 --   ARGV: "ack", group, consumer, id. Returns 1 when acknowledged.
 local step = ARGV[1]
@@ -30,11 +31,11 @@ if step == 'check' then
   if first == '' then first = last end
   return {first, last}
 elseif step == 'append' then
-  local target, first, last, blob = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
+  local target, first, last, blob, wake = KEYS[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
   if redis.call('EXISTS', target) == 0 then
     return redis.error_reply('NOTOPIC dead-letter stream ' .. target .. ' does not exist')
   end
-  return append_dead_letter(target, blob, first, last)
+  return append_dead_letter(target, blob, first, last, wake)
 elseif step == 'ack' then
   local source, times, delays = KEYS[1], KEYS[2], KEYS[3]
   local group, consumer, id = ARGV[2], ARGV[3], ARGV[4]
