@@ -7,6 +7,7 @@ Usage (from the repository root)::
     .venv/bin/python benchmarks/publish_profile.py --paths workers500,many1000
     .venv/bin/python benchmarks/publish_profile.py --steps         # µs per step, no Redis
     .venv/bin/python benchmarks/publish_profile.py --breakdown     # µs per message by step
+    .venv/bin/python benchmarks/publish_profile.py --cluster       # on a 3-master cluster
 
 Paths: ``each`` (one caller awaiting each ``publish()``; ``xadd``: one
 redis-py ``XADD`` awaited each time instead), ``workers<N>`` (N
@@ -20,6 +21,17 @@ Besides msgs/s (noisy on a shared machine) it prints the CPU time per message
 of this process and of the redis-server (``INFO cpu``), which other load
 disturbs far less.
 
+``--cluster`` runs the same paths against a private Redis Cluster instead (3
+masters, no replicas, AOF off, as ``run.py --cluster`` starts it); streamsub
+connects with the cluster's ``redis+cluster://`` URL, and ``xadd`` and
+``pipelined`` are the hand-written loop on a cluster
+(``impls/handwritten.py``'s ``HandwrittenCluster``): ``redis.asyncio.RedisCluster``
+and 16 streams spread 6/5/5 over the masters, message ``i`` to stream
+``i % 16``, a pipeline split by node. The server's CPU per message is then
+summed over the masters. ``--profile`` and ``--breakdown`` work the same way
+there; the breakdown counts redis-py's cluster client and streamsub's routing
+of a write by node as a step of its own.
+
 ``--steps`` times the steps of one awaited ``publish()`` and of ``publish_many``
 one by one, in a loop each, without a server: the engine's publisher writes to
 a backend that answers at once with made-up ids, so what is timed is Python
@@ -30,11 +42,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import pstats
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +57,10 @@ for entry in (str(BENCH_DIR), str(BENCH_DIR.parent / "src")):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-import redis.asyncio as aioredis  # noqa: E402
-
 import servers  # noqa: E402
 import streamsub  # noqa: E402
+from impls.base import Env, redis_nodes  # noqa: E402
+from impls.handwritten import FIELD, Handwritten, HandwrittenCluster  # noqa: E402
 
 BODY = b"x" * 100
 TOPIC = "bench"
@@ -68,49 +82,65 @@ async def many(client: streamsub.Client, n: int, per_call: int) -> None:
         await client.publish_many(TOPIC, chunk)
 
 
-async def pipelined(url: str, n: int) -> None:
-    redis = aioredis.Redis.from_url(url)
-    try:
-        for base in range(0, n, 200):
-            pipe = redis.pipeline(transaction=False)
-            for _ in range(min(200, n - base)):
-                pipe.xadd(TOPIC, {b"d": BODY})
-            await pipe.execute()
-    finally:
-        await redis.aclose()
+async def xadd(redis: Any, streams: list[str], n: int) -> None:
+    for seq in range(n):
+        await redis.xadd(streams[seq % len(streams)], {FIELD: BODY})
+
+
+async def pipelined(redis: Any, streams: list[str], n: int) -> None:
+    for base in range(0, n, 200):
+        pipe = redis.pipeline(transaction=False)
+        for seq in range(base, min(base + 200, n)):
+            pipe.xadd(streams[seq % len(streams)], {FIELD: BODY})
+        await pipe.execute()
+
+
+@contextlib.asynccontextmanager
+async def handwritten(url: str) -> AsyncIterator[tuple[Any, list[str]]]:
+    """The hand-written loop's client and the streams it publishes to, as
+    ``run.py`` runs it: a ``Redis`` and one stream on one server, a
+    ``RedisCluster`` and 16 streams spread over the masters on a cluster; warm
+    (a connection to each master, 20 ``XADD``s)."""
+    env = Env(redis_url=url)
+    impl = HandwrittenCluster(env) if env.cluster else Handwritten(env)
+    async with impl.connection() as (redis, streams):
+        await xadd(redis, streams, 20)
+        yield redis, streams
 
 
 async def server_cpu(url: str) -> float:
-    """Seconds of CPU the redis-server has used (user and system)."""
-    redis = aioredis.Redis.from_url(url)
-    try:
-        info = await redis.info("cpu")
-    finally:
-        await redis.aclose()
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    """Seconds of CPU the redis-server, or every master of the cluster, has used
+    (user and system)."""
+    total = 0.0
+    async with redis_nodes(url) as nodes:
+        for node in nodes:
+            info = await node.info("cpu")
+            total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
 
 
 async def one_round(
     url: str, path: str, n: int, profiler: cProfile.Profile | None
 ) -> tuple[float, float, float]:
     """msgs/s, and this process's and the server's CPU µs per message."""
-    redis = aioredis.Redis.from_url(url)
-    await redis.flushall()
-    await redis.aclose()
-    async with streamsub.connect(url) as client:
+    async with redis_nodes(url) as nodes:
+        for node in nodes:
+            await node.flushall()
+    async with streamsub.connect(url) as client, contextlib.AsyncExitStack() as stack:
         await client.create_topic(TOPIC, partitions=16)
         for _ in range(20):  # connections and scripts warm
             await client.publish(TOPIC, BODY)
+        redis: Any = None
+        streams: list[str] = []
+        if path in ("xadd", "pipelined"):
+            redis, streams = await stack.enter_async_context(handwritten(url))
         server_before = await server_cpu(url)
         cpu = time.process_time()
         start = time.perf_counter()
         if profiler is not None:
             profiler.enable()
         if path == "xadd":  # the hand-written baseline of each
-            redis = aioredis.Redis.from_url(url)
-            for _ in range(n):
-                await redis.xadd(TOPIC, {b"d": BODY})
-            await redis.aclose()
+            await xadd(redis, streams, n)
         elif path == "each":
             for _ in range(n):
                 await client.publish(TOPIC, BODY)
@@ -118,8 +148,10 @@ async def one_round(
             await workers(client, n, int(path.removeprefix("workers")))
         elif path.startswith("many"):
             await many(client, n, int(path.removeprefix("many")))
+        elif path == "pipelined":
+            await pipelined(redis, streams, n)
         else:
-            await pipelined(url, n)
+            raise SystemExit(f"unknown path {path!r}")
         if profiler is not None:
             profiler.disable()
         elapsed = time.perf_counter() - start
@@ -247,6 +279,15 @@ _STEPS = (
     ("write: links, EVAL argument packing", "redis/asyncio/connection.py", {"pack_command"}),
     ("write: links, EVAL argument packing", "redis/asyncio/connection.py", {"pack_commands"}),
     ("write: links, EVAL argument packing", "redis/_parsers/encoders.py", None),
+    # On a cluster: finding each command's node and splitting a write by node.
+    ("cluster: routing by slot and node", "_backends/redis/_cluster.py", None),
+    ("cluster: routing by slot and node", "_backends/redis/_routing.py", None),
+    ("cluster: routing by slot and node", "_backends/redis/_slots.py", None),
+    ("cluster: routing by slot and node", "_backends/redis/_node_gates.py", None),
+    ("cluster: routing by slot and node", "redis/asyncio/cluster.py", None),
+    ("cluster: routing by slot and node", "redis/cluster.py", None),
+    ("cluster: routing by slot and node", "redis/crc.py", None),
+    ("cluster: routing by slot and node", "redis/_parsers/commands.py", None),  # a command's keys
     ("reply handling: ids, resolving callers", "_engine/publisher.py", None),
     ("reply handling: ids, resolving callers", "_backends/redis", None),
     ("reply handling: ids, resolving callers", "redis/", None),
@@ -295,9 +336,13 @@ def breakdown(url: str, path: str, n: int) -> None:
             continue
         steps[step] = steps.get(step, 0.0) + tottime
     total = sum(steps.values())
-    print(f"== {path}: {cpu:.2f} µs of CPU per message here, {server:.2f} µs in redis-server")
+    print(f"== {path}: {cpu:.2f} µs of CPU per message here, {server:.2f} µs in {_server(url)}")
     for step, seconds in sorted(steps.items(), key=lambda item: -item[1]):
         print(f"  {step:<42} {seconds / total * cpu:6.2f} µs  ({seconds / total:4.0%})")
+
+
+def _server(url: str) -> str:
+    return "the masters" if Env(redis_url=url).cluster else "redis-server"
 
 
 def main() -> None:
@@ -309,6 +354,12 @@ def main() -> None:
     parser.add_argument("--sort", default="tottime")
     parser.add_argument("--steps", action="store_true", help="time each step, no server")
     parser.add_argument("--breakdown", action="store_true", help="CPU per message by step")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=f"on a private {servers.CLUSTER_MASTERS}-master Redis Cluster (no replicas) "
+        "instead of one redis-server",
+    )
     args = parser.parse_args()
     if args.steps:
         for _ in range(args.rounds):
@@ -318,7 +369,10 @@ def main() -> None:
     redis_path = servers.find_binary("redis-server")
     if redis_path is None:
         sys.exit("redis-server not found")
-    with servers.redis_server(redis_path) as url:
+    start_servers = servers.redis_cluster if args.cluster else servers.redis_server
+    with start_servers(redis_path) as url:
+        if args.cluster:
+            print(f"cluster: {url} ({servers.CLUSTER_MASTERS} masters, no replicas)", flush=True)
         for path in args.paths.split(","):
             if args.breakdown:
                 breakdown(url, path, args.messages)
@@ -338,7 +392,7 @@ def main() -> None:
             server = statistics.median(server for _, _, server in results)
             print(
                 f"{path:>12}: median {statistics.median(rates):>9,.0f} msgs/s; CPU per "
-                f"message: this process {client_cpu:5.2f} µs, redis-server {server:5.2f} µs; "
+                f"message: this process {client_cpu:5.2f} µs, {_server(url)} {server:5.2f} µs; "
                 "rounds " + " ".join(f"{rate:,.0f}" for rate in rates),
                 flush=True,
             )
