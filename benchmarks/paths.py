@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import plotting
 from impls import BASELINE, CLUSTER, baseline_of
 from impls.base import WARMUP, BenchmarkError, Implementation, PathResult
 
@@ -303,13 +304,9 @@ def plot(figures: dict[str, Any], path: Path) -> str | None:
     """Draw ``workers`` (msgs/s against N callers) and ``many`` (against K per
     call), one line per row, from :func:`to_json`'s figures (a run's, or a
     saved ``--json`` file's ``publish_paths``); return the reason if not drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install -e '.[bench]')"
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
     panels = [(s, figures[s]) for s in ("workers", "many") if figures.get(s)]
     if not panels:
         return "no workers or many figures to draw"
@@ -335,10 +332,7 @@ def plot(figures: dict[str, Any], path: Path) -> str | None:
         ax.set_title("N callers awaiting publish()" if workers else "publish_many of K, in turn")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.save(plt, fig, path)
     return None
 
 
