@@ -154,7 +154,7 @@ async def handwritten_streams(
     ``streams[seq % len(streams)]``) and how to read one: on one server one stream;
     on a cluster 16, spread evenly over the masters and each read on its master,
     as ``HandwrittenCluster`` in impls/handwritten.py does (imported only then:
-    the one-server row's subscriber stays the plain loop it was)."""
+    the one-server row's subscriber imports nothing but redis-py)."""
     if is_cluster(url):
         from redis.asyncio.cluster import RedisCluster
 
