@@ -47,6 +47,7 @@ for entry in (str(BENCH_DIR), str(REPO_SRC)):
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+import plotting  # noqa: E402
 import servers  # noqa: E402
 from impls import CLUSTER, REGISTRY, baseline_of, instantiate, load_available  # noqa: E402
 from impls.base import (  # noqa: E402
@@ -319,13 +320,9 @@ def cluster_ratios(results: Results) -> list[str]:
 
 def plot(results: Results, path: Path) -> str | None:
     """p50 and p99 against rate, one line per implementation; the reason if not drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install -e '.[bench]')"
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     names = list(next(iter(results.values())))
     for ax, key in zip(axes, ("p50", "p99"), strict=True):
@@ -356,10 +353,7 @@ def plot(results: Results, path: Path) -> str | None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("ms (median of rounds)")
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.save(plt, fig, path)
     return None
 
 

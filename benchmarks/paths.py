@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import plotting
 from impls import BASELINE, CLUSTER, baseline_of
 from impls.base import WARMUP, BenchmarkError, Implementation, PathResult
 
@@ -303,13 +304,9 @@ def plot(figures: dict[str, Any], path: Path) -> str | None:
     """Draw ``workers`` (msgs/s against N callers) and ``many`` (against K per
     call), one line per row, from :func:`to_json`'s figures (a run's, or a
     saved ``--json`` file's ``publish_paths``); return the reason if not drawn."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install -e '.[bench]')"
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
     panels = [(s, figures[s]) for s in ("workers", "many") if figures.get(s)]
     if not panels:
         return "no workers or many figures to draw"
@@ -335,10 +332,66 @@ def plot(figures: dict[str, Any], path: Path) -> str | None:
         ax.set_title("N callers awaiting publish()" if workers else "publish_many of K, in turn")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plotting.save(plt, fig, path)
+    return None
+
+
+def plot_each(figures: dict[str, Any], path: Path) -> str | None:
+    """Draw ``each``: one bar per row, its mean publish latency (median of the
+    rounds' means), annotated with the ratio to one ``XADD``'s on the same
+    servers, and the rounds' median p99 as a mark; from :func:`to_json`'s
+    figures. Return the reason if not drawn."""
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
+    by_row = figures.get("each", {}).get("1")
+    if not by_row:
+        return "no each figures to draw"
+    rows = list(by_row)
+    means = [by_row[row]["median_mean_latency_ms"] for row in rows]
+    p99s = [
+        statistics.median(values)
+        if (
+            values := [r["latencies_ms"]["p99"] for r in by_row[row]["rounds"] if r["latencies_ms"]]
+        )
+        else None
+        for row in rows
+    ]
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(rows) + 2), 4.5))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    impls = list(dict.fromkeys(row.removesuffix(CLUSTER) for row in rows))
+    bars = ax.bar(
+        range(len(rows)),
+        [mean or 0.0 for mean in means],
+        color=[palette[impls.index(row.removesuffix(CLUSTER)) % len(palette)] for row in rows],
+        hatch=["//" if row.endswith(CLUSTER) else "" for row in rows],
+        edgecolor="white",
+    )
+    marks = [(i, p99) for i, p99 in enumerate(p99s) if p99 is not None]
+    if marks:
+        xs, ys = zip(*marks, strict=True)
+        ax.plot(xs, ys, linestyle="", marker="_", markersize=18, color="black", label="p99")
+        ax.legend(fontsize=8)
+    for bar, row, mean in zip(bars, rows, means, strict=True):
+        base = by_row.get(baseline_of(row), {}).get("median_mean_latency_ms")
+        ratio = _ratio(mean, base)
+        text = "failed" if mean is None else f"{mean:.3f} ms" + (f"\n{ratio:.2f}x" if ratio else "")
+        ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            fontsize=8,
+        )
+    ax.set_xticks(range(len(rows)), rows, rotation=20, ha="right")
+    ax.set_ylabel("ms per publish (mean; median of rounds)")
+    ax.set_title(
+        "One caller awaiting each publish\n(ratio: mean latency / one XADD's on the same servers)"
+    )
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.margins(y=0.2)
+    plotting.save(plt, fig, path)
     return None
 
 

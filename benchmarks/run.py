@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import paths  # noqa: E402
+import plotting  # noqa: E402
 import servers  # noqa: E402
 from impls import BASELINE, CLUSTER, REGISTRY, baseline_of, instantiate, load_available  # noqa: E402
 from impls.base import (  # noqa: E402
@@ -134,7 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--plot",
         type=Path,
-        help="draw the workers and many paths (msgs/s per row) into this PNG",
+        help="draw the workers and many paths (msgs/s per row) into this PNG, and "
+        "each scenario that ran beside it: PATH-each.png (mean latency per row), "
+        "PATH-publish.png and PATH-e2e.png (median msgs/s per row, ratio to handwritten)",
     )
     parser.add_argument(
         "--cap",
@@ -212,6 +217,7 @@ async def run_scenarios(
 ) -> dict[str, dict[str, Series]]:
     results: dict[str, dict[str, Series]] = {}
     names = list(impls)
+    width = max(13, *map(len, names))  # the rows' figures line up
     for scenario in [s for s in args.scenarios if s not in paths.PATH_SCENARIOS]:
         series = {name: Series() for name in names}
         results[scenario] = series
@@ -222,7 +228,9 @@ async def run_scenarios(
             for position, name in enumerate(order):
                 if series[name].error is not None:
                     continue
-                label = f"[{scenario} {round_no + 1}/{args.rounds}] {name:<13} n={counts[name]:<7}"
+                label = (
+                    f"[{scenario} {round_no + 1}/{args.rounds}] {name:<{width}} n={counts[name]:<7}"
+                )
                 print(label, end=" ", flush=True)
                 started = time.monotonic()
                 try:
@@ -268,6 +276,7 @@ def fmt(value: float | None, spec: str) -> str:
 def report(console: Console, results: dict[str, dict[str, Series]], counts: dict[str, int]) -> None:
     for scenario, by_impl in results.items():
         is_e2e = scenario == "e2e"
+        width = max(21, *map(len, by_impl))
         table = Table()
         table.add_column("implementation")
         table.add_column("n", justify="right")
@@ -297,7 +306,7 @@ def report(console: Console, results: dict[str, dict[str, Series]], counts: dict
         console.print(table)
         for name, series in by_impl.items():
             values = " · ".join(f"{r.throughput:,.0f}" for r in series.rounds) or "—"
-            line = f"  {name:<21} rounds: {values} msgs/s"
+            line = f"  {name:<{width}} rounds: {values} msgs/s"
             if is_e2e and series.rounds:
                 lat = " · ".join(
                     f"{r.latencies_ms['p50']:.1f}/{r.latencies_ms['p99']:.1f}"
@@ -362,6 +371,78 @@ def to_json(
     return out
 
 
+def plot_throughput(by_impl: dict[str, Any], scenario: str, path: Path) -> str | None:
+    """One bar per implementation: its median msgs/s in ``scenario`` (``publish``
+    or ``e2e``), annotated with the ratio to its baseline (``handwritten``, or
+    ``handwritten@cluster`` for a cluster row: a cluster row is hatched, in its
+    implementation's colour); from :func:`to_json`'s figures. The reason if not drawn."""
+    plt = plotting.pyplot()
+    if plt is None:
+        return plotting.MISSING
+    from matplotlib.ticker import StrMethodFormatter
+
+    names = list(by_impl)
+    if not names:
+        return f"no {scenario} figures to draw"
+    values = [by_impl[name]["median_throughput"] for name in names]
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(names) + 2), 4.5))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    impls = list(dict.fromkeys(name.removesuffix(CLUSTER) for name in names))
+    bars = ax.bar(
+        range(len(names)),
+        [value or 0.0 for value in values],
+        color=[palette[impls.index(name.removesuffix(CLUSTER)) % len(palette)] for name in names],
+        hatch=["//" if name.endswith(CLUSTER) else "" for name in names],
+        edgecolor="white",
+    )
+    for bar, name, value in zip(bars, names, values, strict=True):
+        ratio = by_impl[name]["ratio_vs_baseline"]
+        text = "failed" if value is None else f"{value:,.0f}" + (f"\n{ratio:.2f}x" if ratio else "")
+        ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            fontsize=8,
+        )
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    ax.set_ylabel("msgs/s (median of rounds)")
+    ax.set_title(
+        ("End to end" if scenario == "e2e" else "Publish, as fast as it goes")
+        + f"\n(ratio: msgs/s / {BASELINE}'s on the same servers)"
+    )
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.margins(y=0.2)
+    plotting.save(plt, fig, path)
+    return None
+
+
+def draw(data: dict[str, Any], path: Path) -> list[str]:
+    """Every plot the run's figures (:func:`to_json` and ``publish_paths``) allow:
+    ``workers`` and ``many`` into ``path``; ``each``, ``publish`` and ``e2e`` each
+    into a PNG of its own beside it (``path``'s name + ``-each``, ``-publish``,
+    ``-e2e``). Returns what was written, or why not."""
+    figures = data.get("publish_paths") or {}
+    drawings: list[tuple[Path, Callable[[], str | None]]] = []
+    if figures.get("workers") or figures.get("many"):
+        drawings.append((path, functools.partial(paths.plot, figures, path)))
+    if figures.get("each"):
+        each = plotting.sibling(path, "each")
+        drawings.append((each, functools.partial(paths.plot_each, figures, each)))
+    for scenario, by_impl in data["scenarios"].items():
+        target = plotting.sibling(path, scenario)
+        drawings.append((target, functools.partial(plot_throughput, by_impl, scenario, target)))
+    lines = []
+    for target, draw_one in drawings:
+        reason = draw_one()
+        lines.append(
+            f"plot not drawn ({target}): {reason}" if reason else f"plot written to {target}"
+        )
+    return lines
+
+
 async def main_async(args: argparse.Namespace) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)
     classes, skipped = load_available(args.only)
@@ -406,15 +487,15 @@ async def main_async(args: argparse.Namespace) -> int:
         print(paths.markdown(path_results))
         print("Rounds (msgs/s):")
         print(paths.rounds_text(path_results))
+    data = to_json(args, env, counts, skipped, versions, results, load_at_start)
+    data["publish_paths"] = paths.to_json(path_results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        data = to_json(args, env, counts, skipped, versions, results, load_at_start)
-        data["publish_paths"] = paths.to_json(path_results)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         print(f"\nraw figures written to {args.json}")
-    if args.plot and path_results:
-        reason = paths.plot(paths.to_json(path_results), args.plot)
-        print(f"plot not drawn: {reason}" if reason else f"plot written to {args.plot}")
+    if args.plot:
+        for line in draw(data, args.plot):
+            print(line)
     failed = any(series.error for by_impl in results.values() for series in by_impl.values())
     failed = failed or any(
         series.error

@@ -79,12 +79,7 @@ class Handwritten(Implementation):
 
     async def read(self, client: Client, stream: str) -> ReadReply:
         """One blocking ``XREADGROUP`` of ``stream``."""
-        return cast(
-            "ReadReply",
-            await client.xreadgroup(
-                GROUP, CONSUMER, {stream: ">"}, count=READ_COUNT, block=BLOCK_MS
-            ),
-        )
+        return await read_group(client, GROUP, CONSUMER, stream)
 
     async def publish(self, n: int, size: int) -> float:
         return await self._pipelined(n, size, PUBLISH_CHUNK)
@@ -190,27 +185,36 @@ class HandwrittenCluster(Handwritten):
         finally:
             await client.aclose()
 
-    async def read(self, client: Client, stream: str) -> ReadReply:
+
+async def read_group(client: Client, group: str, consumer: str, stream: str) -> ReadReply:
+    """One blocking ``XREADGROUP COUNT 500 BLOCK 1000`` of ``stream`` for ``group``;
+    on a cluster sent to the stream's master (``target_nodes``: without it
+    redis-py asks a node ``COMMAND GETKEYS`` first, see the module's docstring)."""
+    if isinstance(client, RedisCluster):
         return cast(
             "ReadReply",
             await client.execute_command(
-                "XREADGROUP", "GROUP", GROUP, CONSUMER, "COUNT", READ_COUNT, "BLOCK", BLOCK_MS,
+                "XREADGROUP", "GROUP", group, consumer, "COUNT", READ_COUNT, "BLOCK", BLOCK_MS,
                 "STREAMS", stream, ">",
                 target_nodes=client.get_node_from_key(stream),
             ),
         )  # fmt: skip
+    return cast(
+        "ReadReply",
+        await client.xreadgroup(group, consumer, {stream: ">"}, count=READ_COUNT, block=BLOCK_MS),
+    )
 
 
-def spread_streams(cluster: RedisCluster, count: int) -> list[str]:
+def spread_streams(cluster: RedisCluster, count: int, prefix: str = STREAM) -> list[str]:
     """``count`` stream names, stream ``i`` on master ``i % masters`` (masters by
-    name): ``bench.<i>``, or ``bench.<i>|<salt>`` with the smallest salt that
-    lands there. The same names in every process, given the same slot map."""
+    name): ``<prefix>.<i>``, or ``<prefix>.<i>|<salt>`` with the smallest salt
+    that lands there. The same names in every process, given the same slot map."""
     masters = sorted(cluster.get_primaries(), key=lambda node: node.name)
     streams = []
     for i in range(count):
-        target, salt, name = masters[i % len(masters)], 0, f"{STREAM}.{i}"
+        target, salt, name = masters[i % len(masters)], 0, f"{prefix}.{i}"
         while cluster.get_node_from_key(name) != target:
             salt += 1
-            name = f"{STREAM}.{i}|{salt}"
+            name = f"{prefix}.{i}|{salt}"
         streams.append(name)
     return streams

@@ -1,0 +1,39 @@
+"""matplotlib for the benchmarks' ``--plot`` options, imported only when a plot is drawn.
+
+Every figure is drawn off-screen (the Agg backend) and saved as a PNG. Without
+matplotlib (``pip install -e '.[bench]'``) a plot is not drawn and the runner
+says why; the run's tables and ``--json`` are unaffected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+MISSING = "matplotlib is not installed (pip install -e '.[bench]')"
+DPI = 110
+
+
+def pyplot() -> Any | None:
+    """``matplotlib.pyplot`` on the Agg backend, or None if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save(plt: Any, fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` (a PNG) and free it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def sibling(path: Path, suffix: str) -> Path:
+    """``out.png`` with ``suffix`` before its extension: ``out-each.png``."""
+    return path.with_name(f"{path.stem}-{suffix}{path.suffix or '.png'}")
