@@ -106,6 +106,149 @@ async def test_publish_many_smaller_than_a_batch_does_not_wait_for_the_timer(
     assert stored == 5000
 
 
+PARTITIONS = 16
+"""Partitions of the publish_many topics below: keys spread over many streams
+(and, on a cluster, over every master)."""
+LARGE = streamsub.BatchSettings(max_messages=1000, max_latency=NEVER)
+"""Batches of at most 1,000 messages, and a timer that never fires in a test."""
+
+
+def _calls(
+    caller: int, rounds: int, count: int, keys: int, keyless_every: int
+) -> list[list[streamsub.OutgoingMessage]]:
+    """``rounds`` publish_many calls of ``count`` messages each for ``caller``; the
+    data is ``"<caller>:<index>"`` (the index counting on across its calls), the
+    ordering key ``key-<index % keys>``, none for every ``keyless_every``-th
+    message (0: every message has a key; 1: none has)."""
+    calls = []
+    for r in range(rounds):
+        call = []
+        for index in range(r * count, (r + 1) * count):
+            keyless = keyless_every > 0 and index % keyless_every == 0
+            key = None if keyless else f"key-{index % keys}"
+            call.append(
+                streamsub.OutgoingMessage(data=f"{caller}:{index}".encode(), ordering_key=key)
+            )
+        calls.append(call)
+    return calls
+
+
+def _published(
+    ids: list[str], call: list[streamsub.OutgoingMessage]
+) -> list[tuple[str, str | None, str]]:
+    """What a publish_many of ``call`` returned ``ids`` for: (id, key, data) per message."""
+    assert len(ids) == len(call)
+    return [(i, m.ordering_key, m.data.decode()) for i, m in zip(ids, call, strict=True)]
+
+
+def _assert_stored_once_in_key_order(
+    redis_client: redis.Redis, topic: str, published: list[tuple[str, str | None, str]]
+) -> None:
+    """Every message of ``published`` is stored once, under the id its publish
+    returned, each keyed one in its key's partition; read back with XRANGE per
+    partition, each ordering key's messages from one caller are in index order."""
+    stored: list[tuple[int, str, str | None, str]] = []
+    for partition in range(PARTITIONS):
+        for entry_id, fields in redis_client.xrange(stream_key(redis_client, topic, partition)):
+            key = fields.get(b"k")
+            stored.append(
+                (
+                    partition,
+                    f"{partition}-{entry_id.decode()}",
+                    None if key is None else key.decode(),
+                    fields[b"d"].decode(),
+                )
+            )
+    assert len({message_id for message_id, _, _ in published}) == len(published)
+    assert len(stored) == len(published), f"{len(stored)} stored of {len(published)} published"
+    by_id = {message_id: (key, data) for _, message_id, key, data in stored}
+    assert by_id == {message_id: (key, data) for message_id, key, data in published}
+    order: dict[tuple[str, str], list[int]] = {}
+    for partition, _, key, data in stored:
+        if key is None:
+            continue
+        assert partition == partition_for_key(key, PARTITIONS), f"{key} on partition {partition}"
+        caller, index = data.split(":")
+        order.setdefault((key, caller), []).append(int(index))
+    for (key, caller), indices in order.items():
+        assert indices == sorted(indices), f"{key}'s messages from caller {caller} out of order"
+
+
+async def _publish_many_one_call_at_a_time(
+    server: RedisServer, redis_client: redis.Redis, topic: str, keyless_every: int
+) -> None:
+    """Four publish_many calls of 2,500 messages (50 keys; ``keyless_every`` as
+    in :func:`_calls`) made one after the other through a client whose batches
+    hold 1,000 and whose timer never fires in the test: each returns, its
+    messages stored once in key order, in three writes (two full batches, then
+    its tail once they are back)."""
+    redis_client.flushall()
+    backend = _Counting(server.url)
+    published: list[tuple[str, str | None, str]] = []
+    async with streamsub.connect(backend=backend, batch_settings=LARGE) as client:
+        await client.create_topic(topic, partitions=PARTITIONS)
+        async with asyncio.timeout(60):
+            for call in _calls(0, 4, 2500, 50, keyless_every):
+                published += _published(await client.publish_many(topic, call), call)
+    assert backend.writes == 4 * 3, f"{backend.writes} writes for 4 calls of 2.5 batches"
+    _assert_stored_once_in_key_order(redis_client, topic, published)
+
+
+async def test_publish_many_larger_than_a_batch_does_not_wait_for_the_timer(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A publish_many of 2,500 messages without keys (two and a half batches of
+    1,000) with a max_latency of an hour returns, four times in a row: its tail
+    waits behind its own first writes, not for the timer; every message is
+    stored once, under the id returned for it, in three writes per call."""
+    await _publish_many_one_call_at_a_time(server, redis_client, "large", keyless_every=1)
+
+
+async def test_publish_many_with_ordering_keys_does_not_wait_for_the_timer(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A publish_many of 2,500 messages over 50 ordering keys and 16 partitions
+    (added to the batch one by one) with a max_latency of an hour returns, four
+    times in a row; every message is stored once, in three writes per call, and
+    each key's messages are in publish order in its partition's stream."""
+    await _publish_many_one_call_at_a_time(server, redis_client, "keyed", keyless_every=0)
+
+
+async def test_publish_many_of_keyed_and_keyless_messages_does_not_wait_for_the_timer(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A publish_many of 2,500 messages, every third without an ordering key and
+    the rest over 50 keys, with a max_latency of an hour returns, four times in
+    a row; every message is stored once, in three writes per call, and each
+    key's messages are in publish order."""
+    await _publish_many_one_call_at_a_time(server, redis_client, "mixed", keyless_every=3)
+
+
+async def test_concurrent_publish_many_callers_do_not_wait_for_the_timer(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Four tasks each making three publish_many calls of 2,450 messages (every
+    third without a key, the rest over 50 keys the tasks share) at once, with a
+    max_latency of an hour: every call returns (batches that form behind other
+    callers' writes go when those come back, not on the timer), every message is
+    stored once, and each key's messages from one caller are in publish order.
+    29,400 messages are no whole number of batches of 1,000: one is left part
+    full when every caller is done, with no one to fill it."""
+    redis_client.flushall()
+    published: list[tuple[str, str | None, str]] = []
+    async with streamsub.connect(server.url, batch_settings=LARGE) as client:
+        await client.create_topic("crowded", partitions=PARTITIONS)
+
+        async def caller(c: int) -> None:
+            for call in _calls(c, 3, 2450, 50, keyless_every=3):
+                published.extend(_published(await client.publish_many("crowded", call), call))
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(caller(c) for c in range(4)))
+    assert len(published) == 4 * 3 * 2450
+    _assert_stored_once_in_key_order(redis_client, "crowded", published)
+
+
 async def test_concurrent_publishers_form_batches_and_keep_key_order(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:

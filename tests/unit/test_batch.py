@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamsub._core.batch import Batcher
+from streamsub._core.batch import Batch, Batcher
+from streamsub._core.partition import partition_for_key
 from streamsub._settings import BatchSettings
 
 
@@ -221,3 +222,60 @@ def test_add_of_a_run_counts_its_messages() -> None:
     assert len(b) == 3
     assert b.add(2, b"de", 20, "run2", now=0.0, count=2) is True
     assert b.take() == {2: [(b"abc", "run"), (b"de", "run2")]}
+
+
+# A max_latency no batch of the tests below may wait out, at a clock that never
+# moves (every ``now`` is 0.0): a batch that closes does so because it is full
+# or because the writer is free, never on its timer.
+HOUR = 3600.0
+
+
+def test_a_publish_many_larger_than_a_batch_never_waits_for_the_timer() -> None:
+    """2,500 messages without ordering keys, added in runs as the publisher adds
+    a publish_many's (as many as the batch takes, the batch taken when full):
+    the first 1,000 and the next 1,000 each fill a batch, which closes on add at
+    a clock that never moves; the tail of 500 waits only while those writes are
+    in flight (the hour is a ceiling) and is due at once when they are back."""
+    b = batcher(max_messages=1000, max_latency=HOUR)
+    sizes = [10] * 2500
+    start, rest = 0, sum(sizes)
+    closed: list[Batch[str]] = []
+    while start < len(sizes):
+        taken = b.fitting(sizes, start, rest)
+        if b.add(0, b"run", 10 * taken, f"run@{start}", now=0.0, count=taken):
+            closed.append(b.take())
+        start, rest = start + taken, rest - 10 * taken
+    assert closed == [{0: [(b"run", "run@0")]}, {0: [(b"run", "run@1000")]}]
+    assert len(b) == 500
+    assert b.due(writes_in_flight=2) == HOUR
+    assert b.due(writes_in_flight=1) == HOUR
+    assert b.due(writes_in_flight=0) == 0.0
+
+
+def test_keyed_messages_of_a_publish_many_never_wait_for_the_timer_and_keep_key_order() -> None:
+    """2,500 messages over 50 ordering keys and 16 partitions, added one at a time
+    as the publisher adds a publish_many's keyed messages: batches close when
+    full (at 1,000 and 2,000 messages) at a clock that never moves, the tail of
+    500 is due at once while the writer is free, and the batches, in the order
+    taken, hold each key's messages in publish order."""
+    b: Batcher[tuple[str, int]] = Batcher(BatchSettings(max_messages=1000, max_latency=HOUR))
+    taken: list[Batch[tuple[str, int]]] = []
+    closed_at: list[int] = []
+    for index in range(2500):
+        key = f"key-{index % 50}"
+        assert not b.would_overflow(10)
+        if b.add(partition_for_key(key, 16), b"m", 10, (key, index), now=0.0):
+            taken.append(b.take())
+            closed_at.append(index + 1)
+    assert closed_at == [1000, 2000]
+    assert len(b) == 500
+    assert b.due(writes_in_flight=0) == 0.0
+    taken.append(b.take())
+    order: dict[str, list[int]] = {}
+    for batch in taken:
+        for partition, entries in batch.items():
+            for _, (key, index) in entries:
+                assert partition == partition_for_key(key, 16)
+                order.setdefault(key, []).append(index)
+    assert len(order) == 50
+    assert all(indices == list(range(int(key[4:]), 2500, 50)) for key, indices in order.items())
