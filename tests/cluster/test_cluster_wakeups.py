@@ -19,6 +19,7 @@ import pytest
 
 import streamsub
 from streamsub._backends.redis import _cluster, _keys, _wakeups
+from streamsub._backends.redis._cluster import RedisClusterBackend
 from streamsub._backends.redis._slots import key_slot
 from streamsub._engine import reader
 from streamsub._engine.reader import READ_BLOCK_MS
@@ -471,3 +472,133 @@ async def test_a_partition_handed_over_is_let_go(emptied: RedisClusterServers) -
     finally:
         await first.aclose()
         await second.aclose()
+
+
+def _cluster_backend(client: streamsub.Client) -> RedisClusterBackend:
+    backend = client._backend
+    assert isinstance(backend, RedisClusterBackend)
+    return backend
+
+
+def _ssubscribes(cluster: RedisClusterServers) -> int:
+    """SSUBSCRIBE calls the masters served so far (INFO commandstats)."""
+    total = 0
+    for port in cluster.master_ports():
+        node = cluster.node(port)
+        try:
+            stats = node.info("commandstats")
+            total += int(stats.get("cmdstat_ssubscribe", {}).get("calls", 0))
+        finally:
+            node.close()
+    return total
+
+
+@pytest.mark.timeout(60)
+async def test_subset_reads_do_not_churn_subscriptions(emptied: RedisClusterServers) -> None:
+    """A consumer that polls its partitions a few at a time with a short block
+    (the gateway's puller does: ``_read_some``'s follow-up reads with block 1,
+    and the rounds of ``budget`` partitions when its budget is smaller than the
+    partition count) keeps its channels subscribed: 20 such idle rounds over 8
+    partitions send about 8 SSUBSCRIBE, not one per partition per round."""
+    async with streamsub.connect(emptied.url) as client:
+        await client.create_topic("orders", partitions=PARTITIONS)
+        await client.create_subscription("billing", topic="orders")
+        backend = _cluster_backend(client)
+        record = await backend.get_topic("orders")
+        assert record is not None
+        channels = {_keys.wake_channel(k) for k in backend._keys(record)}
+        await backend.read(record, "billing", "puller", list(range(PARTITIONS)), 10, 20)
+        assert backend._wakeups is not None
+        await until(lambda: channels <= backend._wakeups.watched().keys(), 10, "subscribed")
+        before = await asyncio.to_thread(_ssubscribes, emptied)
+        for round_number in range(20):
+            half = round_number % 2 * (PARTITIONS // 2)
+            subset = list(range(half, half + PARTITIONS // 2))
+            await backend.read(record, "billing", "puller", subset, 1, 1)
+            await asyncio.sleep(0.1)  # the listener's turn
+        after = await asyncio.to_thread(_ssubscribes, emptied)
+        assert after - before <= PARTITIONS, f"{after - before} SSUBSCRIBE in 20 rounds"
+
+
+@pytest.mark.timeout(90)
+async def test_a_node_left_with_no_channel_is_let_go(emptied: RedisClusterServers) -> None:
+    """A one-partition topic's slot moves to another master (the old one sends
+    ``sunsubscribe``): the listener subscribes on the new master and closes its
+    connection to the old one, which has no channel of it left."""
+    async with streamsub.connect(emptied.url) as client:
+        await client.create_topic("single", partitions=1)
+        await client.create_subscription("solo", topic="single")
+        backend = _cluster_backend(client)
+        record = await backend.get_topic("single")
+        assert record is not None
+        (stream,) = backend._keys(record)
+        channel = _keys.wake_channel(stream)
+        slot = key_slot(channel)
+
+        async def reads() -> None:
+            while True:
+                await backend.read(record, "solo", "c", [0], 10, 200)
+
+        reading = asyncio.ensure_future(reads())
+        try:
+            await until(lambda: backend._wakeups is not None, 10, "a listener")
+            wakeups = backend._wakeups
+            assert wakeups is not None
+            await until(lambda: channel in wakeups.watched(), 10, "subscribed")
+            old = f"127.0.0.1:{owner_port(emptied, slot)}"
+            with slot_held_migrating(emptied, slot) as (_, target):
+                pass
+            await until(
+                lambda: wakeups.watched().get(channel) == f"127.0.0.1:{target}",
+                20,
+                "subscribed on the new master",
+            )
+            await until(
+                lambda: old not in wakeups._nodes or wakeups._nodes[old].done,
+                15,
+                "the old master's wake-up connection closed",
+            )
+        finally:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+
+
+def _spublish_denials(cluster: RedisClusterServers) -> int:
+    """SPUBLISH calls the masters refused, by their ACL LOG."""
+    total = 0
+    for port in cluster.master_ports():
+        node = cluster.node(port)
+        try:
+            for entry in node.acl_log():
+                if entry.get("object") == "spublish":
+                    total += int(entry.get("count", 1))
+        finally:
+            node.close()
+    return total
+
+
+async def test_a_refused_spublish_stops_the_appends_notifying(
+    emptied: RedisClusterServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A publisher holding exactly ACL_RULE (no pub/sub channels): its first
+    append's SPUBLISH is refused inside the script (the append stored); the
+    client then stops sending the channel, so 60 publishes, one after the
+    other over 8 partitions, leave one refusal in the masters' ACL LOG, not
+    60, and one warning; every message is stored."""
+    url = as_acl_user(emptied, "quiet", "secret-pw")
+    async with streamsub.connect(url) as client:
+        await client.create_topic("orders", partitions=PARTITIONS)
+        for n in range(60):
+            await client.publish("orders", f"m{n}".encode(), ordering_key=f"k{n}")
+        assert sum(await asyncio.to_thread(_stored, emptied, "orders")) == 60
+    assert await asyncio.to_thread(_spublish_denials, emptied) == 1
+    warnings = [r for r in caplog.records if "refused this user SPUBLISH" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def _stored(cluster: RedisClusterServers, topic: str) -> list[int]:
+    inspect = cluster.client()
+    try:
+        return [inspect.xlen(c.removesuffix(":wake")) for c in _channels(cluster, topic)]
+    finally:
+        inspect.close()

@@ -818,7 +818,11 @@ class RedisBackend:
             if isinstance(reply, Exception):
                 results[p] = self._translated(reply)
             else:
-                results[p] = reply.decode().split()  # append.lua's ids, space-separated
+                ids = reply.decode().split()  # append.lua's ids, space-separated
+                if ids and ids[-1] == "!":  # its SPUBLISH was refused
+                    ids.pop()
+                    self._wake_refused()
+                results[p] = ids
         # Each node's confirmation judges what that node stored, and only that:
         # on a cluster, a master left without a replica fails its partitions'
         # writes, not those the other masters' replicas confirmed.
@@ -835,6 +839,9 @@ class RedisBackend:
         channel (``SPUBLISH``): never on one server, where readers block on
         ``XREADGROUP`` already."""
         return False
+
+    def _wake_refused(self) -> None:
+        """An append's ``SPUBLISH`` was refused (see :meth:`_wakes`)."""
 
     def _raise_lost(self, replies: Sequence[Any]) -> None:
         """Raise a lost connection found among a write's replies: the outcome of

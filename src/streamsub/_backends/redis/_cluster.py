@@ -674,6 +674,8 @@ class RedisClusterBackend(RedisBackend):
         self._wake: bool | None = None
         """Whether appends notify idle readers (see :meth:`_wakes`); None: not
         known yet."""
+        self._wake_off = False
+        """An append's ``SPUBLISH`` was refused: appends no longer notify."""
         self._deciding: asyncio.Future[bool] | None = None
         """The background ask of the masters' versions for :meth:`_wakes`."""
         self._wakeups: Wakeups | None = None
@@ -1107,7 +1109,18 @@ class RedisClusterBackend(RedisBackend):
         append must not wait: calls reach the appender in the order made)."""
         if self._wake is None and (self._deciding is None or self._deciding.done()):
             self._deciding = asyncio.ensure_future(self._decide_wakes())
-        return bool(self._wake)
+        return bool(self._wake) and not self._wake_off
+
+    def _wake_refused(self) -> None:
+        # Once: every refused SPUBLISH is an entry in the server's ACL LOG.
+        if not self._wake_off:
+            self._wake_off = True
+            log.warning(
+                "streamsub: the Redis Cluster refused this user SPUBLISH to the wake-up "
+                "channels: appends stop announcing themselves, and idle subscribers poll "
+                "(a message can wait up to about 0.1 s); to wake them, grant the user the "
+                "channels ss:* and +spublish +ssubscribe +sunsubscribe (README, ACL users)"
+            )
 
     async def _decide_wakes(self) -> bool:
         if self._wake is None:

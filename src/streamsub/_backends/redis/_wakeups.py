@@ -23,8 +23,8 @@ channels unwatched; they are subscribed again where the slot map says, after
 a pause that grows while that keeps failing (:data:`RETRY_FIRST` to
 :data:`RETRY_MAX`). Errors here are logged (debug), never raised to readers. A
 channel no reader asked about for :data:`WATCH_FOR` seconds is unsubscribed,
-and at once when the one reader that asked for it stops (an ordered
-subscriber that hands its partition over): a notification is read by every
+and :data:`LET_GO` seconds after the one reader that asked for it stopped
+(an ordered subscriber that handed its partition over): a notification is read by every
 client subscribed to it.
 redis-py's asyncio ``PubSub`` has no sharded pub/sub in 5.0, so the commands
 are spoken on a plain connection (RESP2: pushes are arrays).
@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -46,10 +45,13 @@ from ._slots import key_slot
 
 log = logging.getLogger("streamsub")
 
-__all__ = ["QUIET_PING", "RETRY_FIRST", "RETRY_MAX", "WATCH_FOR", "Wakeups"]
+__all__ = ["LET_GO", "QUIET_PING", "RETRY_FIRST", "RETRY_MAX", "WATCH_FOR", "Wakeups"]
 
 WATCH_FOR = 60.0
 """Seconds a channel stays subscribed after a reader last asked for it."""
+LET_GO = 1.0
+"""Seconds a channel stays subscribed after the one reader that asked for it
+asked without it (an ordered subscriber that handed its partition over)."""
 RETRY_FIRST = 0.05
 """Seconds before channels left unwatched are subscribed again; doubled while
 that fails."""
@@ -90,8 +92,8 @@ class Wakeups:
         """The counters of ``channels`` now; they are watched from now on (for
         :data:`WATCH_FOR` seconds after the last ask). A ``reader`` that asks
         for fewer channels than last time (an ordered subscriber that handed a
-        partition over) lets go of the others at once, unless another reader
-        asks for them too."""
+        partition over) lets go of the others after :data:`LET_GO` seconds,
+        unless it or another reader asks for them again."""
         if not (self._closed or self._refused):
             now = asyncio.get_running_loop().time()
             for channel in channels:
@@ -111,9 +113,14 @@ class Wakeups:
             return
         for _, (theirs, _) in self._readers.items():
             left -= theirs
+        if not left:
+            return
+        # Not at once: a reader that reads its partitions a few at a time (the
+        # gateway's puller) names each again within moments.
         for channel in left:
-            self._asked[channel] = -math.inf  # dropped at the next turn of _run
-            self._changed.set()
+            if (asked := self._asked.get(channel)) is not None:
+                self._asked[channel] = min(asked, now - WATCH_FOR + LET_GO)
+        asyncio.get_running_loop().call_later(LET_GO * 1.05, self._changed.set)
 
     async def wait(self, channels: Sequence[str], seen: tuple[int, ...], timeout: float) -> None:
         """Return once a counter of ``channels`` differs from ``seen`` (what
@@ -140,6 +147,8 @@ class Wakeups:
         return {c: name for name, w in self._nodes.items() for c in w.subscribed()}
 
     def _bump(self, channel: str) -> None:
+        if channel not in self._asked:
+            return  # dropped; its unsubscribe is not confirmed yet
         self._counts[channel] = self._counts.get(channel, 0) + 1
         for future in self._waiters.get(channel, ()):
             if not future.done():
@@ -200,6 +209,8 @@ class Wakeups:
                 watch = self._home.pop(channel, None)
                 if watch is not None:
                     watch.drop(channel)
+            for name in [n for n, w in self._nodes.items() if w.done]:
+                del self._nodes[name]
             homeless = [c for c in self._asked if c not in self._home]
             if homeless:
                 try:
@@ -363,6 +374,8 @@ class _NodeWatch:
                 if channel in self._leaving:
                     self._leaving.discard(channel)
                 elif channel in self.channels:
-                    # The server dropped it: its slot moved away.
+                    # The server dropped it: its slot moved away. With no
+                    # channel left here, the session ends (see _session).
                     self.channels.discard(channel)
                     self._owner._unwatched(self, [channel], False)
+                    self._changed.set()

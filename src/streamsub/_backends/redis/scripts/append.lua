@@ -17,7 +17,9 @@
 -- script's slot), to which an empty message is SPUBLISHed after the entries
 -- are added: idle readers of the partition poll at once (_wakeups.py). ARGV[2]
 -- and ARGV[3] are '' then for an unlinked write. pcall: a server without
--- SPUBLISH (6.2) must not fail a write whose entries are stored already.
+-- SPUBLISH (6.2) must not fail a write whose entries are stored already; a
+-- refused SPUBLISH (that, or a user not allowed the channel) adds '!' as the
+-- reply's last word, and the client stops sending the channel.
 local key, blob = KEYS[1], ARGV[1]
 -- Topics create their streams; a missing one means the topic was deleted.
 if redis.call('EXISTS', key) == 0 then
@@ -53,6 +55,9 @@ if link then
 end
 local wake = ARGV[4]
 if wake and wake ~= '' then
-  redis.pcall('SPUBLISH', wake, '')
+  local sent = redis.pcall('SPUBLISH', wake, '')
+  if type(sent) == 'table' and sent.err then
+    ids[count + 1] = '!'
+  end
 end
 return table.concat(ids, ' ')
