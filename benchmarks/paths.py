@@ -372,18 +372,14 @@ def plot_each(figures: dict[str, Any], path: Path) -> str | None:
         xs, ys = zip(*marks, strict=True)
         ax.plot(xs, ys, linestyle="", marker="_", markersize=18, color="black", label="p99")
         ax.legend(fontsize=8)
-    for bar, row, mean in zip(bars, rows, means, strict=True):
+    texts = []
+    for row, mean in zip(rows, means, strict=True):
         base = by_row.get(baseline_of(row), {}).get("median_mean_latency_ms")
         ratio = _ratio(mean, base)
-        text = "failed" if mean is None else f"{mean:.3f} ms" + (f"\n{ratio:.2f}x" if ratio else "")
-        ax.annotate(
-            text,
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="center",
-            fontsize=8,
+        texts.append(
+            "failed" if mean is None else f"{mean:.3f} ms" + (f"\n{ratio:.2f}x" if ratio else "")
         )
+    plotting.label_bars(ax, bars, texts)
     ax.set_xticks(range(len(rows)), rows, rotation=20, ha="right")
     ax.set_ylabel("ms per publish (mean; median of rounds)")
     ax.set_title(

@@ -37,3 +37,16 @@ def save(plt: Any, fig: Any, path: Path) -> None:
 def sibling(path: Path, suffix: str) -> Path:
     """``out.png`` with ``suffix`` before its extension: ``out-each.png``."""
     return path.with_name(f"{path.stem}-{suffix}{path.suffix or '.png'}")
+
+
+def label_bars(ax: Any, bars: Any, texts: list[str]) -> None:
+    """Write ``texts`` above ``bars`` (one each), small and centred."""
+    for bar, text in zip(bars, texts, strict=True):
+        ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            textcoords="offset points",
+            xytext=(0, 3),
+            ha="center",
+            fontsize=8,
+        )

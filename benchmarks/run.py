@@ -395,17 +395,13 @@ def plot_throughput(by_impl: dict[str, Any], scenario: str, path: Path) -> str |
         hatch=["//" if name.endswith(CLUSTER) else "" for name in names],
         edgecolor="white",
     )
-    for bar, name, value in zip(bars, names, values, strict=True):
+    texts = []
+    for name, value in zip(names, values, strict=True):
         ratio = by_impl[name]["ratio_vs_baseline"]
-        text = "failed" if value is None else f"{value:,.0f}" + (f"\n{ratio:.2f}x" if ratio else "")
-        ax.annotate(
-            text,
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            textcoords="offset points",
-            xytext=(0, 3),
-            ha="center",
-            fontsize=8,
+        texts.append(
+            "failed" if value is None else f"{value:,.0f}" + (f"\n{ratio:.2f}x" if ratio else "")
         )
+    plotting.label_bars(ax, bars, texts)
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
     ax.set_ylabel("msgs/s (median of rounds)")
     ax.set_title(
