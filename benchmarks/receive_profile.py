@@ -23,20 +23,40 @@ the last ack seen by the server:
   preemption, typically a socket write that woke redis-server.) Time in a C
   call lands on the Python frame that made it.
 
-Each sample goes to one part of the receive path (``PARTS``: the innermost
-frame that names one; else ``OWNERS``: the task it works for), and a part's
-microseconds per message are its share of the samples times the CPU per
-message (the sampler's own cost, a few percent, is spread evenly).
+Each sample goes to one part of the receive path (``OWN_CODE``: the module
+whose own code the innermost frame outside the standard library is; else
+``PARTS``: the innermost frame that names one; else ``OWNERS``: the task it
+works for), and a part's microseconds per message are its share of the
+samples times the CPU per message (the sampler's own cost, a few percent, is
+spread evenly). A task another task awaits (``asyncio.gather``'s, as the
+cluster's per-node sends are) has the awaiting task's suspended frames put
+before its own in the sample, so that its I/O goes to the task it works for.
 
 Usage::
 
     .venv/bin/python benchmarks/receive_profile.py --messages 100000 --rounds 3
+    .venv/bin/python benchmarks/receive_profile.py --messages 100000 --rounds 3 --cluster
+
+``--cluster`` runs the same round against a private Redis Cluster instead (3
+masters, no replicas, AOF off, as ``run.py --cluster`` starts it), streamsub
+connecting with its ``redis+cluster://`` URL. What the cluster adds is a part
+of its own, "cluster: routing, polls, wake-ups": the own code of streamsub's
+cluster modules (``_backends/redis/_cluster.py``, ``_routing.py``,
+``_slots.py``, ``_node_gates.py``, ``_wakeups.py``) and of redis-py's cluster
+client (``redis/asyncio/cluster.py``, ``redis/cluster.py``, ``crc.py``, the
+command parser that finds a command's keys), and the I/O of the wake-ups'
+listener; the socket I/O and reply parsing beneath them go to the task they
+work for (the reader's polls to "read and parse", the settler's acks to "ack
+batching and send"), and so do the cluster's polls themselves (the
+``XREADGROUP`` per partition, the entries made of the replies), which are the
+read path as on one server.
 
 ``--stacks DIR`` keeps each round's collapsed stacks (``frame;frame;... count``,
 for flamegraph.pl or speedscope). ``--compare REV`` runs the consumer on the
 streamsub of another git revision too (``git archive``, as ``streamsub-0.1``
 does), its rounds interleaved with this tree's, the publisher always this
-tree's: a before and after from one run.
+tree's: a before and after from one run (with ``--cluster``, on the cluster:
+REV must have the cluster backend).
 """
 
 from __future__ import annotations
@@ -44,14 +64,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import gc
 import multiprocessing
 import os
 import signal
 import statistics
 import sys
+import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -60,11 +82,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import redis  # noqa: E402
-from redis.asyncio import Redis  # noqa: E402
-
 import servers  # noqa: E402
-from impls.base import Env, PublishAll, Receiver, wait_until_all_acked  # noqa: E402
+from impls.base import Env, PublishAll, Receiver, redis_nodes, wait_until_all_acked  # noqa: E402
 from impls.streamsub_impl import MAX_OUTSTANDING, SUBSCRIPTION, Streamsub  # noqa: E402
 
 _SPAWN = multiprocessing.get_context("spawn")
@@ -87,6 +106,36 @@ def _stdlib_asyncio(name: str, path: str) -> bool:
     return "site-packages" not in path and ("/asyncio/" in path or path.endswith("/selectors.py"))
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _stdlib(path: str) -> bool:
+    return "-packages" not in path and path.startswith((_STDLIB, "<"))
+
+
+CLUSTER = "cluster: routing, polls, wake-ups"
+_CLUSTER_CODE = _in(
+    "_backends/redis/_cluster.py", "_backends/redis/_routing.py", "_backends/redis/_slots.py",
+    "_backends/redis/_node_gates.py", "_backends/redis/_wakeups.py",
+    "redis/asyncio/cluster.py", "redis/cluster.py", "redis/crc.py",
+    "redis/_parsers/commands.py",  # a command's keys, for its slot
+)  # fmt: skip
+
+
+def _cluster_poll(name: str, path: str) -> bool:
+    # RedisClusterBackend.read's and read_owned's poll(): one XREADGROUP (or
+    # read script) per partition and the entries made of the replies, what
+    # _backend.py's read does on one server.
+    return path.endswith("_backends/redis/_cluster.py") and "<locals>.poll" in name
+
+
+OWN_CODE: list[tuple[str, Rule]] = [
+    # If one of these names the innermost frame outside the standard library:
+    # time in that module's own code (with the C and standard-library calls it
+    # makes), not in the I/O and parsing it waits on (those go by OWNERS).
+    ("read and parse", _cluster_poll),
+    (CLUSTER, _CLUSTER_CODE),
+]
 PARTS: list[tuple[str, Rule]] = [
     # The innermost frame that matches one of these names the part.
     ("handler (the benchmark's)", lambda f, p: f.endswith("on_message") and p.endswith("/base.py")),
@@ -107,6 +156,7 @@ OWNERS: list[tuple[str, Rule]] = [
     ("ack batching and send", _in("_engine/settler.py")),
     ("read and parse", _in("_engine/reader.py")),
     ("leaser and reclaimer", _in("_engine/leaser.py", "_engine/reclaimer.py")),
+    (CLUSTER, _CLUSTER_CODE),  # the wake-ups' listener, the map's refreshes
     ("event loop (tasks, epoll)", _stdlib_asyncio),
 ]
 OTHER = "other"
@@ -118,6 +168,11 @@ def classify(stack: str) -> str:
     for frame in reversed(stack.split(";")):
         name, _, where = frame.partition(" (")
         frames.append((name, where.rsplit(":", 1)[0]))
+    own = next(((name, path) for name, path in frames if not _stdlib(path)), None)
+    if own is not None:
+        for part, matches in OWN_CODE:
+            if matches(*own):
+                return part
     for name, path in frames:
         for part, matches in PARTS:
             if matches(name, path):
@@ -128,26 +183,84 @@ def classify(stack: str) -> str:
     return OTHER
 
 
-class CpuSampler:
-    """Counts the Python stack every ``interval`` seconds of the process's CPU time."""
+AWAITED = "<awaits a task> (<asyncio>:0)"
+"""The frame put between an awaiting task's suspended frames and the stack of
+the task it awaits, in a collapsed stack."""
 
-    def __init__(self, interval: float) -> None:
+
+def _held_futures(callback: Any) -> list[asyncio.Future[Any]]:
+    """The futures a done callback holds: in its closure (``gather``'s outer
+    future) or among a ``functools.partial``'s arguments (``wait_for``'s waiter)."""
+    held: list[Any] = list(getattr(callback, "args", ()))
+    for cell in getattr(callback, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            held.append(cell.cell_contents)
+    return [item for item in held if isinstance(item, asyncio.Future)]
+
+
+def _awaiting_task(future: asyncio.Future[Any], depth: int = 3) -> asyncio.Task[Any] | None:
+    """The task that awaits ``future``: one whose wake-up is among its done
+    callbacks, or among those of a future a callback holds (``gather``'s
+    outer future, ``wait_for``'s waiter), ``depth`` such steps at most."""
+    for callback, _ in future._callbacks or ():
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            return owner
+        if depth == 0:
+            continue
+        for inner in _held_futures(callback):
+            if inner is not future:
+                found = _awaiting_task(inner, depth - 1)
+                if found is not None:
+                    return found
+    return None
+
+
+def _suspended_frames(task: asyncio.Task[Any]) -> Iterator[FrameType]:
+    """The frames of a suspended task's coroutines, outermost first."""
+    coro: Any = task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            return
+        yield frame
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+
+
+class CpuSampler:
+    """Counts the Python stack every ``interval`` seconds of the process's CPU
+    time, behind the suspended frames of the tasks awaiting the running task."""
+
+    def __init__(self, interval: float, loop: asyncio.AbstractEventLoop) -> None:
         self.interval = interval
         self.stacks: collections.Counter[str] = collections.Counter()
         self._names: dict[tuple[Any, int], str] = {}
+        self._loop = loop
+
+    def _name(self, frame: FrameType) -> str:
+        code = frame.f_code
+        key = (code, frame.f_lineno)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"{code.co_qualname} ({code.co_filename}:{frame.f_lineno})"
+        return name
 
     def _sample(self, signum: int, frame: FrameType | None) -> None:
         parts = []
-        names = self._names
         while frame is not None:
-            code = frame.f_code
-            key = (code, frame.f_lineno)
-            name = names.get(key)
-            if name is None:
-                name = names[key] = f"{code.co_qualname} ({code.co_filename}:{frame.f_lineno})"
-            parts.append(name)
+            parts.append(self._name(frame))
             frame = frame.f_back
-        self.stacks[";".join(reversed(parts))] += 1
+        parts.reverse()
+        try:
+            task = asyncio.current_task(self._loop)
+            for _ in range(8):  # tasks awaiting tasks, outwards
+                task = _awaiting_task(task) if task is not None else None
+                if task is None:
+                    break
+                parts[:0] = [*map(self._name, _suspended_frames(task)), AWAITED]
+        except Exception:  # raised here, it would land in the code sampled
+            pass
+        self.stacks[";".join(parts)] += 1
 
     def start(self) -> None:
         signal.signal(signal.SIGPROF, self._sample)
@@ -225,35 +338,32 @@ async def _consume(
     async def handler(message: streamsub.Message) -> None:
         receiver.on_message(message.data)
 
-    sampler = CpuSampler(interval)
-    watcher = Redis.from_url(url)
-    try:
-        async with (
-            streamsub.connect(url) as client,
-            client.subscribe(
-                SUBSCRIPTION,
-                handler,
-                flow_control=streamsub.FlowControl(max_messages=MAX_OUTSTANDING),
-            ),
-        ):
-            idle, collector = _IdleMeter(asyncio.get_running_loop()), _GcMeter()
-            cpu, wall = time.process_time(), time.perf_counter()
-            if interval > 0:
-                sampler.start()
-            ready.set()
-            await receiver.done.wait()
-            await wait_until_all_acked(watcher)
-            sampler.stop()
-            idle.stop()
-            collector.stop()
-            print(
-                f"  garbage collections per generation: {collector.counts}, "
-                f"objects tracked at the end: {len(gc.get_objects()):,}"
-            )
-            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            return cpu, wall, idle.seconds, collector.seconds, sampler.stacks
-    finally:
-        await watcher.aclose()
+    sampler = CpuSampler(interval, asyncio.get_running_loop())
+    async with (
+        redis_nodes(url) as watchers,
+        streamsub.connect(url) as client,
+        client.subscribe(
+            SUBSCRIPTION,
+            handler,
+            flow_control=streamsub.FlowControl(max_messages=MAX_OUTSTANDING),
+        ),
+    ):
+        idle, collector = _IdleMeter(asyncio.get_running_loop()), _GcMeter()
+        cpu, wall = time.process_time(), time.perf_counter()
+        if interval > 0:
+            sampler.start()
+        ready.set()
+        await receiver.done.wait()
+        await wait_until_all_acked(*watchers)
+        sampler.stop()
+        idle.stop()
+        collector.stop()
+        print(
+            f"  garbage collections per generation: {collector.counts}, "
+            f"objects tracked at the end: {len(gc.get_objects()):,}"
+        )
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        return cpu, wall, idle.seconds, collector.seconds, sampler.stacks
 
 
 def _publisher(url: str, n: int, size: int) -> None:
@@ -265,8 +375,9 @@ def one_round(
 ) -> tuple[float, float, float, list[float], collections.Counter[str]]:
     """Run one round, the consumer running the streamsub in ``src``; return (CPU s,
     wall s, idle s, garbage collection s per generation, samples per stack)."""
-    redis.Redis.from_url(url).flushall()
-    asyncio.run(Streamsub(Env(redis_url=url)).setup())
+    impl = Streamsub(Env(redis_url=url))
+    asyncio.run(impl.flush())
+    asyncio.run(impl.setup())
     ready, results = _SPAWN.Event(), _SPAWN.Queue()
     consumer = _SPAWN.Process(target=_consumer, args=(url, n, interval, ready, results, src))
     consumer.start()
@@ -282,6 +393,11 @@ def one_round(
         raise RuntimeError(f"consumer failed: {value}")
     cpu, wall, idle, collecting, stacks = value
     return cpu, wall, idle, collecting, stacks
+
+
+def awaited(stacks: collections.Counter[str]) -> int:
+    """How many samples were taken in a task another task awaits."""
+    return sum(count for stack, count in stacks.items() if AWAITED in stack)
 
 
 def breakdown(stacks: collections.Counter[str]) -> dict[str, float]:
@@ -307,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REV",
         help="also run the consumer on the streamsub of git revision REV, rounds interleaved",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=f"on a private {servers.CLUSTER_MASTERS}-master Redis Cluster (no replicas) "
+        "instead of one redis-server",
+    )
     args = parser.parse_args(argv)
     redis_path = servers.find_binary("redis-server")
     if redis_path is None:
@@ -320,7 +442,10 @@ def main(argv: list[str] | None = None) -> int:
         codes = {args.compare: str(extract(args.compare, REPO_ROOT)), **codes}
     rounds: dict[str, list[tuple[float, dict[str, float]]]] = {code: [] for code in codes}
     waits: dict[str, list[tuple[float, float, float]]] = {code: [] for code in codes}
-    with servers.redis_server(redis_path) as url:
+    start_servers = servers.redis_cluster if args.cluster else servers.redis_server
+    with start_servers(redis_path) as url:
+        if args.cluster:
+            print(f"cluster: {url} ({servers.CLUSTER_MASTERS} masters, no replicas)", flush=True)
         for r in range(args.rounds):
             order = list(codes) if r % 2 == 0 else list(reversed(codes))
             for code in order:
@@ -339,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{cpu * 1e6 / n:.2f} us, wall {wall * 1e6 / n:.2f} us, loop idle "
                     f"{idle * 1e6 / n:.2f} us, garbage collection "
                     f"{'/'.join(f'{g * 1e6 / n:.2f}' for g in collecting)} us (generations "
-                    f"0/1/2); {sum(stacks.values())} samples, "
+                    f"0/1/2); {sum(stacks.values())} samples ({awaited(stacks)} in tasks "
+                    "another awaits), "
                     f"load {os.getloadavg()[0]:.2f}"
                 )
     for code, results in rounds.items():
@@ -348,11 +474,11 @@ def main(argv: list[str] | None = None) -> int:
         share = {p: statistics.median(s.get(p, 0.0) for _, s in results) for p in names}
         wall = statistics.median(w for w, _, _ in waits[code])
         idle = statistics.median(i for _, i, _ in waits[code])
-        collecting = statistics.median(c for _, _, c in waits[code])
+        collected = statistics.median(c for _, _, c in waits[code])
         print(
             f"\n{code}, medians of {len(results)} rounds, per message: consumer CPU {us:.2f} us, "
             f"wall {wall:.2f} us, event loop idle {idle:.2f} us, garbage collection "
-            f"{collecting:.2f} us (wall, in the CPU parts below)"
+            f"{collected:.2f} us (wall, in the CPU parts below)"
         )
         print("| part | share of samples | us per message |\n|---|---:|---:|")
         for part in sorted(names, key=lambda p: -share[p]):
