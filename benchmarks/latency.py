@@ -68,6 +68,10 @@ TARGET_P99_MS = 5.0
 """Issue 11: p99 at most 5 ms at a steady 1,000 msg/s, the subscriber in another process."""
 
 
+STARTED_AT = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+"""When this run began (the script was loaded), for its ``--json``."""
+
+
 @dataclasses.dataclass
 class LatencyRound:
     round: int
@@ -365,7 +369,7 @@ def to_json(
     load_at_start: tuple[float, float, float],
 ) -> dict[str, Any]:
     return {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started_at": STARTED_AT,
         "config": {
             "rates": args.rates,
             "duration_s": args.duration,

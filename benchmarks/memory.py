@@ -88,6 +88,10 @@ FLAT_WITHIN = 0.20
 _SPAWN = multiprocessing.get_context("spawn")
 
 
+STARTED_AT = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+"""When this run began (the script was loaded), for its ``--json``."""
+
+
 def body(seq: int) -> bytes:
     head = seq.to_bytes(8, "big")
     return head + b"x" * (SIZE - len(head))
@@ -850,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         data = {
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started_at": STARTED_AT,
             "config": {
                 "backlogs": args.backlogs,
                 "rounds": args.rounds,

@@ -64,6 +64,10 @@ SCENARIO_TITLES = {
 }
 
 
+STARTED_AT = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+"""When this run began (the script was loaded), for its ``--json``."""
+
+
 @dataclasses.dataclass
 class Round:
     round: int
@@ -331,7 +335,7 @@ def to_json(
     load_at_start: tuple[float, float, float],
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started_at": STARTED_AT,
         "config": {
             "messages": args.messages,
             "rounds": args.rounds,
