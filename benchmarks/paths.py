@@ -357,16 +357,7 @@ def plot_each(figures: dict[str, Any], path: Path) -> str | None:
         else None
         for row in rows
     ]
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(rows) + 2), 4.5))
-    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    impls = list(dict.fromkeys(row.removesuffix(CLUSTER) for row in rows))
-    bars = ax.bar(
-        range(len(rows)),
-        [mean or 0.0 for mean in means],
-        color=[palette[impls.index(row.removesuffix(CLUSTER)) % len(palette)] for row in rows],
-        hatch=["//" if row.endswith(CLUSTER) else "" for row in rows],
-        edgecolor="white",
-    )
+    fig, ax, bars = plotting.row_bars(plt, rows, means, CLUSTER)
     marks = [(i, p99) for i, p99 in enumerate(p99s) if p99 is not None]
     if marks:
         xs, ys = zip(*marks, strict=True)

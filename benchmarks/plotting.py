@@ -50,3 +50,22 @@ def label_bars(ax: Any, bars: Any, texts: list[str]) -> None:
             ha="center",
             fontsize=8,
         )
+
+
+def row_bars(
+    plt: Any, rows: list[str], values: list[float | None], cluster: str
+) -> tuple[Any, Any, Any]:
+    """A figure with one bar per row (``None``: an empty bar); a row and its
+    ``cluster``-suffixed twin share a colour, the twin hatched. Returns the
+    figure, its axes and the bars."""
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(rows) + 2), 4.5))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    impls = list(dict.fromkeys(row.removesuffix(cluster) for row in rows))
+    bars = ax.bar(
+        range(len(rows)),
+        [value or 0.0 for value in values],
+        color=[palette[impls.index(row.removesuffix(cluster)) % len(palette)] for row in rows],
+        hatch=["//" if row.endswith(cluster) else "" for row in rows],
+        edgecolor="white",
+    )
+    return fig, ax, bars

@@ -389,16 +389,7 @@ def plot_throughput(by_impl: dict[str, Any], scenario: str, path: Path) -> str |
     if not names:
         return f"no {scenario} figures to draw"
     values = [by_impl[name]["median_throughput"] for name in names]
-    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(names) + 2), 4.5))
-    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    impls = list(dict.fromkeys(name.removesuffix(CLUSTER) for name in names))
-    bars = ax.bar(
-        range(len(names)),
-        [value or 0.0 for value in values],
-        color=[palette[impls.index(name.removesuffix(CLUSTER)) % len(palette)] for name in names],
-        hatch=["//" if name.endswith(CLUSTER) else "" for name in names],
-        edgecolor="white",
-    )
+    fig, ax, bars = plotting.row_bars(plt, names, values, CLUSTER)
     texts = []
     for name, value in zip(names, values, strict=True):
         ratio = by_impl[name]["ratio_vs_baseline"]
