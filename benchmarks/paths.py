@@ -363,15 +363,12 @@ def plot_each(figures: dict[str, Any], path: Path) -> str | None:
         xs, ys = zip(*marks, strict=True)
         ax.plot(xs, ys, linestyle="", marker="_", markersize=18, color="black", label="p99")
         ax.legend(fontsize=8)
-    texts = []
-    for row, mean in zip(rows, means, strict=True):
-        base = by_row.get(baseline_of(row), {}).get("median_mean_latency_ms")
-        ratio = _ratio(mean, base)
-        texts.append(
-            "failed" if mean is None else f"{mean:.3f} ms" + (f"\n{ratio:.2f}x" if ratio else "")
-        )
-    plotting.label_bars(ax, bars, texts)
-    ax.set_xticks(range(len(rows)), rows, rotation=20, ha="right")
+    ratios = [
+        _ratio(mean, by_row.get(baseline_of(row), {}).get("median_mean_latency_ms"))
+        for row, mean in zip(rows, means, strict=True)
+    ]
+    texts = [None if mean is None else f"{mean:.3f} ms" for mean in means]
+    plotting.label_bars(ax, bars, rows, texts, ratios)
     ax.set_ylabel("ms per publish (mean; median of rounds)")
     ax.set_title(
         "One caller awaiting each publish\n(ratio: mean latency / one XADD's on the same servers)"

@@ -39,17 +39,22 @@ def sibling(path: Path, suffix: str) -> Path:
     return path.with_name(f"{path.stem}-{suffix}{path.suffix or '.png'}")
 
 
-def label_bars(ax: Any, bars: Any, texts: list[str]) -> None:
-    """Write ``texts`` above ``bars`` (one each), small and centred."""
-    for bar, text in zip(bars, texts, strict=True):
+def label_bars(
+    ax: Any, bars: Any, rows: list[str], texts: list[str | None], ratios: list[float | None]
+) -> None:
+    """Name ``bars`` by ``rows`` and write above each its text and ratio
+    ("failed" for a row without figures), small and centred."""
+    for bar, text, ratio in zip(bars, texts, ratios, strict=True):
+        label = "failed" if text is None else text + (f"\n{ratio:.2f}x" if ratio else "")
         ax.annotate(
-            text,
+            label,
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             textcoords="offset points",
             xytext=(0, 3),
             ha="center",
             fontsize=8,
         )
+    ax.set_xticks(range(len(rows)), rows, rotation=20, ha="right")
 
 
 def row_bars(

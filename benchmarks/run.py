@@ -390,14 +390,9 @@ def plot_throughput(by_impl: dict[str, Any], scenario: str, path: Path) -> str |
         return f"no {scenario} figures to draw"
     values = [by_impl[name]["median_throughput"] for name in names]
     fig, ax, bars = plotting.row_bars(plt, names, values, CLUSTER)
-    texts = []
-    for name, value in zip(names, values, strict=True):
-        ratio = by_impl[name]["ratio_vs_baseline"]
-        texts.append(
-            "failed" if value is None else f"{value:,.0f}" + (f"\n{ratio:.2f}x" if ratio else "")
-        )
-    plotting.label_bars(ax, bars, texts)
-    ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    texts = [None if value is None else f"{value:,.0f}" for value in values]
+    ratios = [by_impl[name]["ratio_vs_baseline"] for name in names]
+    plotting.label_bars(ax, bars, names, texts, ratios)
     ax.set_ylabel("msgs/s (median of rounds)")
     ax.set_title(
         ("End to end" if scenario == "e2e" else "Publish, as fast as it goes")
