@@ -731,6 +731,9 @@ class Client:
         context: Mapping[str, str] | None,
     ) -> list[str]:
         max_bytes = self._limits.max_message_bytes
+        datas = None if context else _data_only(messages)
+        if datas is not None:
+            return await self._publish_data(topic, datas, max_bytes)
         encoded: list[Encoded] = []
         for index, message in enumerate(messages):
             try:
@@ -764,6 +767,26 @@ class Client:
             future = publisher.submit(encoded)
         try:
             return await (future if future is not None else publisher.publish(encoded))
+        except TopicNotFoundError:
+            self._forget_publisher(publisher)
+            raise
+
+    async def _publish_data(self, topic: str, datas: list[bytes], max_bytes: int) -> list[str]:
+        """``publish_many`` of messages that are data alone: checked, then packed
+        by the publisher as its writes go (see ``TopicPublisher.queue_data``)."""
+        if not datas:
+            return []
+        sizes = [len(data) for data in datas]
+        if max(sizes) > max_bytes:
+            index = next(i for i, size in enumerate(sizes) if size > max_bytes)
+            try:
+                encode_data(datas[index], max_bytes)
+            except InvalidArgumentError as exc:
+                raise type(exc)(f"message {index}: {exc}") from None
+        with self._on_the_way():
+            publisher = await self._publisher(topic)
+        try:
+            return await (await publisher.queue_data(datas, sizes, sum(sizes)))
         except TopicNotFoundError:
             self._forget_publisher(publisher)
             raise
@@ -1184,3 +1207,24 @@ class Subscriber:
         await self.stop()
         if exc is None and self.error is not None:
             raise self.error
+
+
+def _data_only(messages: list[OutgoingMessage | bytes]) -> list[bytes] | None:
+    """The data of each of ``messages`` if every one is data alone (``bytes``, or
+    an ``OutgoingMessage`` of ``bytes`` without ordering key and attributes),
+    the shape of most ``publish_many`` calls; else None."""
+    datas: list[bytes] = []
+    append = datas.append
+    for message in messages:
+        if type(message) is bytes:
+            append(message)
+        elif (
+            type(message) is OutgoingMessage
+            and type(message.data) is bytes
+            and message.ordering_key is None
+            and message.attributes is None
+        ):
+            append(message.data)
+        else:
+            return None
+    return datas

@@ -181,7 +181,9 @@ async def _publish_many_one_call_at_a_time(
     in :func:`_calls`) made one after the other through a client whose batches
     hold 1,000 and whose timer never fires in the test: each returns, its
     messages stored once in key order, in three writes (two full batches, then
-    its tail once they are back)."""
+    its tail once they are back) or, without keys, one write per chunk (128,
+    256, 512, 1,000 and 604 messages: see ``TopicPublisher.queue_data``) or
+    fewer (a chunk that comes while four writes are in flight joins the next)."""
     redis_client.flushall()
     backend = _Counting(server.url)
     published: list[tuple[str, str | None, str]] = []
@@ -190,7 +192,8 @@ async def _publish_many_one_call_at_a_time(
         async with asyncio.timeout(60):
             for call in _calls(0, 4, 2500, 50, keyless_every):
                 published += _published(await client.publish_many(topic, call), call)
-    assert backend.writes == 4 * 3, f"{backend.writes} writes for 4 calls of 2.5 batches"
+    most = 4 * 5 if keyless_every == 1 else 4 * 3
+    assert 4 * 3 <= backend.writes <= most, f"{backend.writes} writes for 4 calls of 2.5 batches"
     _assert_stored_once_in_key_order(redis_client, topic, published)
 
 
@@ -200,7 +203,7 @@ async def test_publish_many_larger_than_a_batch_does_not_wait_for_the_timer(
     """A publish_many of 2,500 messages without keys (two and a half batches of
     1,000) with a max_latency of an hour returns, four times in a row: its tail
     waits behind its own first writes, not for the timer; every message is
-    stored once, under the id returned for it, in three writes per call."""
+    stored once, under the id returned for it, in three to five writes per call."""
     await _publish_many_one_call_at_a_time(server, redis_client, "large", keyless_every=1)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "decode",
     "encode",
     "encode_data",
+    "pack_data",
     "size_of",
 ]
 
@@ -183,6 +184,14 @@ def encode_data(data: bytes, max_bytes: int) -> Encoded:
     if size > max_bytes:
         raise _too_large(size, max_bytes)
     return Encoded(b"".join((_DATA_ONLY, _LEN.pack(size), data)), size, None)
+
+
+def pack_data(datas: Sequence[bytes]) -> bytes:
+    """Messages that are ``bytes`` alone, checked (each within the size limit),
+    packed one after the other: the ``packed`` of each one's :func:`encode_data`,
+    joined, without a step per message in between."""
+    header, length = _DATA_ONLY, _LEN.pack
+    return b"".join([part for data in datas for part in (header, length(len(data)), data)])
 
 
 def _too_large(size: int, max_bytes: int) -> MessageTooLargeError:

@@ -33,6 +33,13 @@ may come back before those of the write it is linked after (on Redis Cluster a
 write waits for every node it spans): the linked write then waits for that one's
 results, so that its publishes get that write's error, not the link's.
 
+A large ``publish_many`` of messages that are data alone (no ordering key, no
+attributes: most of them) is packed a chunk at a time, and each chunk goes to a
+write of its own while fewer than ``MAX_IN_FLIGHT`` are in flight, so that
+Redis stores the first chunks while the client packs the rest (see
+:meth:`TopicPublisher.queue_data`); its messages are all checked first, and
+flow control admits the call as a whole, as for any publish.
+
 Every client has one :class:`PublishGate`, shared by its topics' publishers:
 ``publish`` takes its messages' share of ``PublishFlowControl`` before it
 queues them, and gives it back as they are stored or fail.
@@ -57,7 +64,7 @@ from typing import NamedTuple
 from .. import metrics
 from .._backends.base import Backend, BrokenLinkError, Link, TopicRecord
 from .._core.batch import Batch, Batcher
-from .._core.codec import Encoded
+from .._core.codec import Encoded, pack_data
 from .._core.partition import StickyPartitioner, partition_for_key
 from .._core.publish_flow import PausedKeys, PublishBudget
 from .._errors import (
@@ -70,12 +77,15 @@ from .._errors import (
 )
 from .._settings import BatchSettings, LimitExceededBehavior, PublishFlowControl
 
-__all__ = ["MAX_IN_FLIGHT", "PublishGate", "TopicPublisher"]
+__all__ = ["FIRST_CHUNK", "MAX_IN_FLIGHT", "PublishGate", "TopicPublisher"]
 
 log = logging.getLogger("streamsub")
 
 MAX_IN_FLIGHT = 4
 """Batches written at once: Redis appends one while the next is on its way."""
+FIRST_CHUNK = 128
+"""Messages of a large ``publish_many`` packed before its first write starts
+(see :meth:`TopicPublisher.queue_data`): measured in benchmarks/README.md."""
 WRITER_FREE_BELOW = 1
 """The writer is free, and a batch goes out at once, while fewer writes than
 this are in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
@@ -293,10 +303,13 @@ class TopicPublisher:
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
         self._batcher: Batcher[_Token] = Batcher(settings, free_below=WRITER_FREE_BELOW)
+        self._max_batch = settings.max_messages
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
         self._key_partitions: dict[str, int] = {}
         self._paused = PausedKeys()
         self._ready: collections.deque[_Ready] = collections.deque()
+        self._in_flight: set[asyncio.Task[None]] = set()
+        """The writes started and not yet done."""
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
@@ -395,12 +408,90 @@ class TopicPublisher:
             raise
         return self._enqueue(messages, size)
 
-    def _enqueue(self, messages: Sequence[Encoded], size: int) -> asyncio.Future[list[str]]:
-        """Add an admitted call's messages to the batch; the future of their ids."""
+    async def queue_data(
+        self, datas: Sequence[bytes], sizes: list[int], size: int
+    ) -> asyncio.Future[list[str]]:
+        """Queue messages that are data alone (checked: ``bytes`` within the size
+        limit; ``sizes`` theirs, ``size`` their sum) and return the future of
+        their ids, as :meth:`publish` does, flow control admitting or refusing
+        the call as a whole.
+
+        They are packed a chunk at a time (:data:`FIRST_CHUNK` messages, then
+        twice as many each time, up to a batch), and a chunk goes to its own write while
+        fewer than :data:`MAX_IN_FLIGHT` are in flight: Redis stores the first
+        chunks while the rest is packed. Once admitted, every message is
+        queued, even if the call is cancelled meanwhile (as :meth:`publish`'s
+        are), unless a failed write already failed the call.
+        """
+        if self._closed:
+            raise ClosedError("the publisher is closed; publish before closing the client")
+        count = len(datas)
+        self._entering += 1  # a closing flusher waits for the rest of the call
+        try:
+            if not self._gate.try_take(count, size):
+                await self._gate.acquire(count, size, topic=self._topic.name)
+            waiter = _Waiter(count, self._flusher_loop())
+            start, chunk = 0, FIRST_CHUNK
+            try:
+                while start < count:
+                    if waiter.future.done():  # a write failed the call: the rest stays out
+                        self._gate.release(count - start, sum(sizes[start:]))
+                        break
+                    end = min(start + chunk, count)
+                    self._queue_chunk(datas, sizes, size, start, end, waiter)
+                    start, chunk = end, min(chunk * 2, self._max_batch)
+                    if start < count:
+                        writes = len(self._in_flight) + len(self._ready)
+                        if writes < MAX_IN_FLIGHT and len(self._batcher):
+                            self._close_batch()
+                        self._wake.set()
+                        # The flusher starts the write, the write sends it.
+                        await asyncio.sleep(0)
+                        await asyncio.sleep(0)
+            finally:
+                if start < count and not waiter.future.done():  # cancelled
+                    self._queue_chunk(datas, sizes, size, start, count, waiter)
+        finally:
+            self._entering -= 1
+            self._wake.set()
+        return waiter.future
+
+    def _queue_chunk(
+        self,
+        datas: Sequence[bytes],
+        sizes: list[int],
+        size: int,
+        start: int,
+        end: int,
+        waiter: _Waiter,
+    ) -> None:
+        """Add messages ``start`` to ``end`` of a :meth:`queue_data` call."""
+        whole = start == 0 and end == len(datas)
+        part = sizes if whole else sizes[start:end]
+        part_size = size if whole else sum(part)
+        self._enqueue_runs(
+            part,
+            part_size,
+            lambda first, last: pack_data(datas[start + first : start + last]),
+            waiter,
+            start,
+            self._clock(),
+        )
+        self._queued_messages += end - start
+        self._queued_bytes += part_size
+        self._wake.set()
+
+    def _flusher_loop(self) -> asyncio.AbstractEventLoop:
+        """The flusher's loop; the flusher started if it is not running."""
         loop = self._loop
         if loop is None or self._task is None or self._task.done():
             loop = self._loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run())
+        return loop
+
+    def _enqueue(self, messages: Sequence[Encoded], size: int) -> asyncio.Future[list[str]]:
+        """Add an admitted call's messages to the batch; the future of their ids."""
+        loop = self._flusher_loop()
         count = len(messages)
         waiter = _Waiter(count, loop)
         batcher = self._batcher
@@ -424,36 +515,45 @@ class TopicPublisher:
                 if batcher.add(self._partition(message), message.packed, message.size, token, now):
                     self._close_batch()
         else:
-            self._enqueue_runs(messages, waiter, size, now)
+            self._enqueue_runs(
+                [message.size for message in messages],
+                size,
+                lambda start, end: b"".join([m.packed for m in messages[start:end]]),
+                waiter,
+                0,
+                now,
+            )
         self._queued_messages += count
         self._queued_bytes += size
         self._wake.set()
         return waiter.future
 
     def _enqueue_runs(
-        self, messages: Sequence[Encoded], waiter: _Waiter, size: int, now: float
+        self,
+        sizes: Sequence[int],
+        size: int,
+        pack: Callable[[int, int], bytes],
+        waiter: _Waiter,
+        position: int,
+        now: float,
     ) -> None:
-        """Add messages without ordering keys to the sticky partition in runs, as
-        many at a time as the batch takes (see ``_core/batch.py``)."""
+        """Add messages without ordering keys (``sizes``, ``size`` bytes in all) to
+        the sticky partition in runs, as many at a time as the batch takes (see
+        ``_core/batch.py``). ``pack(start, end)``: those messages packed; the
+        first is the call's message ``position``."""
         batcher = self._batcher
-        sizes = [message.size for message in messages]
-        start, rest = 0, size
-        while start < len(messages):
+        start, rest, count = 0, size, len(sizes)
+        while start < count:
             taken = batcher.fitting(sizes, start, rest)
             if not taken:
                 self._close_batch()
                 continue
             end = start + taken
-            if taken == len(messages):
-                run_size = size
-                packed = b"".join([message.packed for message in messages])
-            else:
-                run_size = sum(sizes[start:end])
-                packed = b"".join([message.packed for message in messages[start:end]])
+            run_size = rest if end == count else sum(sizes[start:end])
             self._open_messages += taken
             self._open_bytes += run_size
-            token = _Token(waiter, start, None, run_size, taken)
-            if batcher.add(self._sticky.current, packed, run_size, token, now, taken):
+            token = _Token(waiter, position + start, None, run_size, taken)
+            if batcher.add(self._sticky.current, pack(start, end), run_size, token, now, taken):
                 self._close_batch()
             start, rest = end, rest - run_size
 
@@ -572,7 +672,7 @@ class TopicPublisher:
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        in_flight: set[asyncio.Task[None]] = set()
+        in_flight = self._in_flight = set()  # a flusher that died left its own
         while True:
             for task in [task for task in in_flight if task.done()]:
                 in_flight.discard(task)
