@@ -26,8 +26,15 @@ from tests._wait import until
 
 from .test_stats import make_known_traffic
 
-STREAMSUB = [sys.executable, "-c", "from streamsub.cli import main; main()"]
-"""The console script's entry point, run as a real process."""
+STREAMSUB = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from streamsub.cli import main; main()",
+]
+"""The console script's entry point, run as a real process. Ctrl-C as in a
+terminal: a test run started in the background of a shell (``./scripts/test &``)
+hands its children SIGINT ignored, and Python keeps it so."""
 
 
 @pytest.fixture
@@ -205,9 +212,20 @@ def test_stats_watch_prints_fresh_figures_until_stopped(
             lengths.append(json.loads(process.stdout.readline())["topics"][0]["length"])
         assert lengths[-1] == 25
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=10)
+        _interrupt(process)
     assert process.returncode == 130
+
+
+def _interrupt(process: subprocess.Popen[Any]) -> None:
+    """Ctrl-C ``process``; kill it if it is still running 10 s later (and fail),
+    so that it does not go on beside the next tests."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
 
 
 def _background(*args: str) -> subprocess.Popen[bytes]:
@@ -265,8 +283,7 @@ async def test_retention_run_forever_serves_its_metrics(
         )
         assert process.poll() is None, "retention run --forever ended early"
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=10)
+        _interrupt(process)
     assert [int(redis_client.xlen(stream_key(redis_client, "capped", p))) for p in range(2)] == [
         min(n, 4) for n in lengths
     ]
@@ -290,8 +307,7 @@ def test_metrics_addr_chooses_the_interface_the_endpoint_binds(
             time.sleep(0.05)
         assert _dropped_metric(port, "127.0.0.1") is None
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=10)
+        _interrupt(process)
 
 
 def test_sub_describe_shows_partition_owners_of_an_ordered_subscription(
