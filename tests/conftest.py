@@ -17,7 +17,37 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisClusterServers, RedisServer, redis_cluster, redis_server
+from tests import _task_dump
 from tests._proxy import Proxy
+
+_task_dump.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    timer = _task_dump.watch(item)
+    try:
+        return (yield)
+    finally:
+        timer.cancel()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    timer = _task_dump.watch(item)
+    try:
+        return (yield)
+    finally:
+        timer.cancel()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    timer = _task_dump.watch(item)
+    try:
+        return (yield)
+    finally:
+        timer.cancel()
 
 
 @pytest.fixture(scope="session")
