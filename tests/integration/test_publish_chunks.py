@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -32,12 +33,16 @@ class _Recording(TEST_BACKEND):
     """Records each write's message count and how many messages had been
     packed when it started; ``fail_write`` (counted from 1) fails that write."""
 
-    def __init__(self, url: str, fail_write: int | None = None) -> None:
+    def __init__(
+        self, url: str, fail_write: int | None = None, cancel: asyncio.Task[Any] | None = None
+    ) -> None:
         super().__init__(url)
         self.writes: list[tuple[int, int]] = []
         self.packed = 0
         self.first_write = asyncio.Event()
         self._fail_write = fail_write
+        self.cancel = cancel
+        """A task cancelled as the failing write fails (in the same loop turn)."""
 
     async def append(
         self,
@@ -49,6 +54,8 @@ class _Recording(TEST_BACKEND):
         self.writes.append((count, self.packed))
         self.first_write.set()
         if len(self.writes) == self._fail_write:
+            if self.cancel is not None:
+                self.cancel.cancel()
             raise streamsub.UnavailableError("the test fails this write")
         return await super().append(topic, batch, links)
 
@@ -258,3 +265,48 @@ async def test_a_failed_write_stops_the_rest_of_the_call_and_gives_its_room_back
         assert backend.packed < len(call), "the whole call was packed"
         assert len(await client.publish_many("chunks", call[:10])) == 10
     assert len(_stored(redis_client, "chunks")) < len(call)
+
+
+async def test_a_call_cancelled_as_its_write_fails_gives_all_its_room_back(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """A call of 20,000 cancelled in the loop turn in which its first write
+    fails (an ``asyncio.timeout`` and a lost connection at once): the chunks
+    not yet queued stay out and give their flow-control room back, so that
+    later publishes on the client still go (with the default BLOCK limit of
+    10,000 messages, a leak would block them for ever)."""
+    redis_client.flushall()
+    backend = _Recording(server.url, fail_write=1)
+    call = _call("cancelled", 20_000)
+    async with streamsub.Client(backend) as client:
+        await client.create_topic("chunks", partitions=PARTITIONS)
+        publishing = asyncio.create_task(client.publish_many("chunks", call))
+        backend.cancel = publishing
+        with pytest.raises((asyncio.CancelledError, streamsub.UnavailableError)):
+            await publishing
+        gate = client._publish_gate
+        await until(lambda: gate.outstanding == (0, 0), 10, "the call's room given back")
+        async with asyncio.timeout(10):
+            assert len(await client.publish_many("chunks", call[:10_000])) == 10_000
+
+
+async def test_a_chunk_holds_at_most_a_batch_of_bytes(
+    server: RedisServer, redis_client: redis.Redis, packing: list[_Recording]
+) -> None:
+    """2,000 messages of 4 KiB with batches of at most 64 KiB: the first write
+    starts once one batch's worth (16 messages) is packed, not a chunk of 128
+    messages (eight batches); every message is stored once, in call order."""
+    redis_client.flushall()
+    backend = _Recording(server.url)
+    packing.append(backend)
+    batch = streamsub.BatchSettings(max_bytes=64 * 1024)
+    call = [f"{i}:".encode().ljust(4096, b"x") for i in range(2000)]
+    async with streamsub.Client(backend, batch_settings=batch) as client:
+        await client.create_topic("chunks", partitions=PARTITIONS)
+        async with asyncio.timeout(30):
+            ids = await client.publish_many("chunks", call)
+    first_count, packed_before = backend.writes[0]
+    assert first_count == packed_before == 16, backend.writes[:3]
+    stored = _stored(redis_client, "chunks")
+    assert [stored[message_id] for message_id in ids] == call
+    assert _in_order_per_partition(ids)

@@ -52,9 +52,11 @@ publish starts a new one.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import functools
+import itertools
 import logging
 import secrets
 import time
@@ -304,6 +306,7 @@ class TopicPublisher:
         self._gate = gate or PublishGate(PublishFlowControl())
         self._batcher: Batcher[_Token] = Batcher(settings, free_below=WRITER_FREE_BELOW)
         self._max_batch = settings.max_messages
+        self._max_batch_bytes = settings.max_bytes
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
         self._key_partitions: dict[str, int] = {}
         self._paused = PausedKeys()
@@ -417,11 +420,12 @@ class TopicPublisher:
         the call as a whole.
 
         They are packed a chunk at a time (:data:`FIRST_CHUNK` messages, then
-        twice as many each time, up to a batch), and a chunk goes to its own write while
-        fewer than :data:`MAX_IN_FLIGHT` are in flight: Redis stores the first
-        chunks while the rest is packed. Once admitted, every message is
-        queued, even if the call is cancelled meanwhile (as :meth:`publish`'s
-        are), unless a failed write already failed the call.
+        twice as many each time, up to a batch's messages and bytes), and a
+        chunk goes to its own write while fewer than :data:`MAX_IN_FLIGHT` are
+        in flight: Redis stores the first chunks while the rest is packed.
+        Once admitted, every message is queued, even if the call is cancelled
+        meanwhile (as :meth:`publish`'s are), unless a failed write already
+        failed the call (the rest then gives its room back).
         """
         if self._closed:
             raise ClosedError("the publisher is closed; publish before closing the client")
@@ -432,12 +436,14 @@ class TopicPublisher:
                 await self._gate.acquire(count, size, topic=self._topic.name)
             waiter = _Waiter(count, self._flusher_loop())
             start, chunk = 0, FIRST_CHUNK
+            # A chunk holds at most a batch's bytes (and one message at least).
+            ends = list(itertools.accumulate(sizes)) if count > chunk else None
             try:
-                while start < count:
-                    if waiter.future.done():  # a write failed the call: the rest stays out
-                        self._gate.release(count - start, sum(sizes[start:]))
-                        break
+                while start < count and not waiter.future.done():
                     end = min(start + chunk, count)
+                    if ends is not None:
+                        room = (ends[start - 1] if start else 0) + self._max_batch_bytes
+                        end = max(start + 1, bisect.bisect_right(ends, room, start, end))
                     self._queue_chunk(datas, sizes, size, start, end, waiter)
                     start, chunk = end, min(chunk * 2, self._max_batch)
                     if start < count:
@@ -449,8 +455,11 @@ class TopicPublisher:
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
             finally:
-                if start < count and not waiter.future.done():  # cancelled
-                    self._queue_chunk(datas, sizes, size, start, count, waiter)
+                if start < count:  # cancelled, or failed
+                    if waiter.future.done():  # a write failed the call: the rest stays out
+                        self._gate.release(count - start, sum(sizes[start:]))
+                    else:
+                        self._queue_chunk(datas, sizes, size, start, count, waiter)
         finally:
             self._entering -= 1
             self._wake.set()
