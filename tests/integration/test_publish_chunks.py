@@ -60,6 +60,13 @@ class _Recording(TEST_BACKEND):
         return await super().append(topic, batch, links)
 
 
+@pytest.fixture(autouse=True)
+def untraced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tracing off, as by default, whatever earlier tests set up: a traced
+    publish carries its context in each message, which is not data alone."""
+    monkeypatch.setattr(streamsub.tracing, "active", lambda: False)
+
+
 @pytest.fixture
 def packing(monkeypatch: pytest.MonkeyPatch) -> list[_Recording]:
     """Backends made here count the messages the publisher packs."""

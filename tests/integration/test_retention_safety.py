@@ -96,7 +96,10 @@ async def test_trim_after_a_seek_to_a_time_or_a_message(
     await client.create_subscription("billing", topic="orders", start="earliest")
     ids = await _fill(client, "orders")
     before = _ids(redis_client, "orders")
-    target = sorted((m for m in ids if m.startswith("2-")), key=lambda m: int(m.split("-")[2]))
+    # In stream order: by millisecond, then sequence (the writes span milliseconds).
+    target = sorted(
+        (m for m in ids if m.startswith("2-")), key=lambda m: tuple(map(int, m.split("-")[1:]))
+    )
     middle = target[len(target) // 2]
     await client.seek("billing", to=middle)
     groups = redis_client.xinfo_groups(stream_key(redis_client, "orders", 0))
