@@ -612,3 +612,45 @@ def _stored(cluster: RedisClusterServers, topic: str) -> list[int]:
         return [inspect.xlen(c.removesuffix(":wake")) for c in _channels(cluster, topic)]
     finally:
         inspect.close()
+
+
+async def test_a_listener_whose_cancel_is_lost_still_closes(
+    emptied: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener's connections wait for pushes, and the cancel of each is
+    lost in that wait (a CI run caught them so: the client's close waited for
+    them for ever, each still waiting with its cancel requested): the close
+    still ends, and so does every listener task."""
+    async with streamsub.connect(emptied.url) as client:
+        await client.create_topic("orders", partitions=PARTITIONS)
+        await client.create_subscription("billing", topic="orders")
+        backend = _cluster_backend(client)
+        record = await backend.get_topic("orders")
+        assert record is not None
+        channels = {_keys.wake_channel(k) for k in backend._keys(record)}
+        await backend.read(record, "billing", "c", list(range(PARTITIONS)), 10, 20)
+        wakeups = backend._wakeups
+        assert wakeups is not None
+        await until(lambda: channels <= wakeups.watched().keys(), 10, "subscribed")
+        watches = list(wakeups._nodes.values())
+        lost: list[asyncio.Task[Any]] = []
+        wait = asyncio.wait
+
+        async def losing_cancels(*args: Any, **kwargs: Any) -> Any:
+            task = asyncio.current_task()
+            if task is None or task.get_coro().__qualname__ != "_NodeWatch._run":
+                return await wait(*args, **kwargs)
+            try:
+                return await wait(*args, **kwargs)
+            except asyncio.CancelledError:
+                lost.append(task)
+                return await wait(*args, **kwargs)
+
+        monkeypatch.setattr(asyncio, "wait", losing_cancels)
+        for watch in watches:
+            watch._changed.set()  # each waits again, in losing_cancels
+        await asyncio.sleep(0.1)
+        async with asyncio.timeout(10):
+            await client.aclose()
+        assert set(lost) == {watch.task for watch in watches}
+        assert all(watch.done for watch in watches)

@@ -235,19 +235,21 @@ class Wakeups:
             watch.add(channel)
 
     async def close(self) -> None:
-        """Stop listening; close every connection."""
+        """Stop listening; close every connection.
+
+        Each watch is also woken: one whose cancel is lost (redis-py can take
+        a cancel that lands while it connects for an error of its own and
+        carry on) ends its session at ``_closed`` instead of listening for ever.
+        """
         self._closed = True
-        tasks = [w.task for w in self._nodes.values()]
+        tasks = [w.stop() for w in self._nodes.values()]
         if self._task is not None:
+            self._task.cancel()
             tasks.append(self._task)
-        for task in tasks:
-            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         # A watch started meanwhile (a cancel that came too late) stops at
         # _closed; one more round closes it.
-        late = [w.task for w in self._nodes.values() if w.task not in tasks]
-        for task in late:
-            task.cancel()
+        late = [w.stop() for w in self._nodes.values() if w.task not in tasks]
         await asyncio.gather(*late, return_exceptions=True)
         self._nodes.clear()
         self._home.clear()
@@ -287,6 +289,13 @@ class _NodeWatch:
     def drop(self, channel: str) -> None:
         self.channels.discard(channel)
         self._changed.set()
+
+    def stop(self) -> asyncio.Task[None]:
+        """Cancel the watch, and wake its session, which ends once the owner is
+        closed even if the cancel was lost; return its task."""
+        self.task.cancel()
+        self._changed.set()
+        return self.task
 
     async def _run(self) -> None:
         try:
@@ -336,14 +345,16 @@ class _NodeWatch:
         finally:
             if reader is not None:
                 reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
+            # Closed first: a reader that lost its cancel ends on the closed socket.
             with contextlib.suppress(Exception):
                 await connection.disconnect()
+            if reader is not None:
+                await asyncio.gather(reader, return_exceptions=True)
 
     async def _read(self, connection: Any) -> None:
         """Read pushes until the connection fails (raises)."""
         pinged = False
-        while True:
+        while not self._owner._closed:
             # A read with its own timeout answers None when it is over and can
             # be tried again (redis-py's PubSub.get_message reads so).
             reply = await connection.read_response(timeout=QUIET_PING)
