@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from types import FrameType
 from typing import Any
 
@@ -30,16 +30,19 @@ def install() -> None:
     signal.signal(signal.SIGUSR1, _dump)
 
 
-def watch(item: pytest.Item) -> threading.Timer:
-    """A started timer that sends SIGUSR1 :data:`DUMP_BEFORE` seconds before
-    ``item``'s timeout; cancel it when the phase ends."""
+def watched(item: pytest.Item) -> Generator[None, Any, Any]:
+    """The body of a hook wrapper around a test phase of ``item``: SIGUSR1 is
+    sent :data:`DUMP_BEFORE` seconds before its timeout, unless it ended."""
     marker = item.get_closest_marker("timeout")
     timeout = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
     after = max(1.0, timeout - DUMP_BEFORE)
     timer = threading.Timer(after, os.kill, (os.getpid(), signal.SIGUSR1))
     timer.daemon = True
     timer.start()
-    return timer
+    try:
+        return (yield)
+    finally:
+        timer.cancel()
 
 
 def _dump(signum: int, frame: FrameType | None) -> None:

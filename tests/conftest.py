@@ -25,29 +25,17 @@ _task_dump.install()
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    timer = _task_dump.watch(item)
-    try:
-        return (yield)
-    finally:
-        timer.cancel()
+    return (yield from _task_dump.watched(item))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    timer = _task_dump.watch(item)
-    try:
-        return (yield)
-    finally:
-        timer.cancel()
+    return (yield from _task_dump.watched(item))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    timer = _task_dump.watch(item)
-    try:
-        return (yield)
-    finally:
-        timer.cancel()
+    return (yield from _task_dump.watched(item))
 
 
 @pytest.fixture(scope="session")

@@ -474,6 +474,25 @@ async def test_a_partition_handed_over_is_let_go(emptied: RedisClusterServers) -
         await second.aclose()
 
 
+async def _listening(
+    client: streamsub.Client, consumer: str
+) -> tuple[RedisClusterBackend, Any, _wakeups.Wakeups]:
+    """Topic "orders" of PARTITIONS partitions, subscription "billing", and a
+    short read of every partition by ``consumer``: once the listener watches
+    their channels, the backend, the topic's record and the listener."""
+    await client.create_topic("orders", partitions=PARTITIONS)
+    await client.create_subscription("billing", topic="orders")
+    backend = _cluster_backend(client)
+    record = await backend.get_topic("orders")
+    assert record is not None
+    channels = {_keys.wake_channel(k) for k in backend._keys(record)}
+    await backend.read(record, "billing", consumer, list(range(PARTITIONS)), 10, 20)
+    wakeups = backend._wakeups
+    assert wakeups is not None
+    await until(lambda: channels <= wakeups.watched().keys(), 10, "subscribed")
+    return backend, record, wakeups
+
+
 def _cluster_backend(client: streamsub.Client) -> RedisClusterBackend:
     backend = client._backend
     assert isinstance(backend, RedisClusterBackend)
@@ -501,15 +520,7 @@ async def test_subset_reads_do_not_churn_subscriptions(emptied: RedisClusterServ
     partition count) keeps its channels subscribed: 20 such idle rounds over 8
     partitions send about 8 SSUBSCRIBE, not one per partition per round."""
     async with streamsub.connect(emptied.url) as client:
-        await client.create_topic("orders", partitions=PARTITIONS)
-        await client.create_subscription("billing", topic="orders")
-        backend = _cluster_backend(client)
-        record = await backend.get_topic("orders")
-        assert record is not None
-        channels = {_keys.wake_channel(k) for k in backend._keys(record)}
-        await backend.read(record, "billing", "puller", list(range(PARTITIONS)), 10, 20)
-        assert backend._wakeups is not None
-        await until(lambda: channels <= backend._wakeups.watched().keys(), 10, "subscribed")
+        backend, record, _ = await _listening(client, "puller")
         before = await asyncio.to_thread(_ssubscribes, emptied)
         for round_number in range(20):
             half = round_number % 2 * (PARTITIONS // 2)
@@ -622,16 +633,7 @@ async def test_a_listener_whose_cancel_is_lost_still_closes(
     them for ever, each still waiting with its cancel requested): the close
     still ends, and so does every listener task."""
     async with streamsub.connect(emptied.url) as client:
-        await client.create_topic("orders", partitions=PARTITIONS)
-        await client.create_subscription("billing", topic="orders")
-        backend = _cluster_backend(client)
-        record = await backend.get_topic("orders")
-        assert record is not None
-        channels = {_keys.wake_channel(k) for k in backend._keys(record)}
-        await backend.read(record, "billing", "c", list(range(PARTITIONS)), 10, 20)
-        wakeups = backend._wakeups
-        assert wakeups is not None
-        await until(lambda: channels <= wakeups.watched().keys(), 10, "subscribed")
+        _, _, wakeups = await _listening(client, "c")
         watches = list(wakeups._nodes.values())
         lost: list[asyncio.Task[Any]] = []
         wait = asyncio.wait
