@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .._cancel import raise_if_cancelled
 from .._errors import NotFoundError
 
 __all__ = ["Backoff", "raise_if_cancelled", "supervise"]
@@ -16,19 +17,6 @@ log = logging.getLogger("streamsub")
 
 ERROR_BACKOFF = (0.05, 2.0)
 """Retry a failed Redis call after 50 ms, doubling up to 2 s."""
-
-
-def raise_if_cancelled() -> None:
-    """Raise CancelledError if the running task was asked to stop.
-
-    A cancellation that lands inside a Redis call can come out of it as a
-    connection error (redis-py closes the connection); a loop that retries on
-    errors would then swallow the request to stop and run for ever. Every such
-    loop calls this before it retries.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class Backoff:

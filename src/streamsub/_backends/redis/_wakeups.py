@@ -41,6 +41,8 @@ from typing import Any
 import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
+from ..._cancel import raise_if_cancelled
+from ._in_order import _send
 from ._slots import key_slot
 
 log = logging.getLogger("streamsub")
@@ -193,6 +195,7 @@ class Wakeups:
         loop = asyncio.get_running_loop()
         # Not ``while True``: Python 3.11's wait_for can swallow a cancel.
         while not self._closed:
+            raise_if_cancelled()  # stopped by _refuse, the cancel lost in a call
             if any(c not in self._home for c in self._asked):
                 # Channels to place: after the pause that follows a failure.
                 await asyncio.sleep(max(0.0, self._retry_at - loop.time()))
@@ -237,9 +240,9 @@ class Wakeups:
     async def close(self) -> None:
         """Stop listening; close every connection.
 
-        Each watch is also woken: one whose cancel is lost (redis-py can take
-        a cancel that lands while it connects for an error of its own and
-        carry on) ends its session at ``_closed`` instead of listening for ever.
+        Each watch is also woken, so that one whose cancel was lost (see
+        :func:`~streamsub._cancel.raise_if_cancelled`) ends its session at
+        ``_closed`` instead of listening for ever.
         """
         self._closed = True
         tasks = [w.stop() for w in self._nodes.values()]
@@ -322,6 +325,7 @@ class _NodeWatch:
         reader: asyncio.Future[None] | None = None
         try:
             await connection.connect()
+            raise_if_cancelled()  # lost in the handshake's sends
             reader = asyncio.ensure_future(self._read(connection))
             while self.channels and not self._owner._closed:
                 self._changed.clear()
@@ -329,7 +333,7 @@ class _NodeWatch:
                 remove = (self._subscribed | self._sent) - self.channels
                 commands = [("SSUBSCRIBE", c) for c in add] + [("SUNSUBSCRIBE", c) for c in remove]
                 if commands:
-                    await connection.send_packed_command(connection.pack_commands(commands))
+                    await _send(connection, connection.pack_commands(commands))
                     self._sent |= add
                     self._subscribed -= remove
                     self._sent -= remove
@@ -339,7 +343,7 @@ class _NodeWatch:
                     await asyncio.wait([reader, changed], return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     changed.cancel()
-                if reader.done():
+                if reader.done() and not self._owner._closed:
                     reader.result()  # its error
                     raise ConnectionError(f"{self._node.name} closed the connection")
         finally:
@@ -354,14 +358,14 @@ class _NodeWatch:
     async def _read(self, connection: Any) -> None:
         """Read pushes until the connection fails (raises)."""
         pinged = False
-        while not self._owner._closed:
+        while True:  # until the connection fails: closed, it does
             # A read with its own timeout answers None when it is over and can
             # be tried again (redis-py's PubSub.get_message reads so).
             reply = await connection.read_response(timeout=QUIET_PING)
             if reply is None:
                 if pinged:
                     raise TimeoutError(f"{self._node.name} did not answer PING")
-                await connection.send_command("PING")
+                await _send(connection, connection.pack_command("PING"))
                 pinged = True
                 continue
             if not isinstance(reply, list) or len(reply) < 2:
