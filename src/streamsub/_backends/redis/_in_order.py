@@ -33,7 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-__all__ = ["InOrderConnection"]
+__all__ = ["InOrderConnection", "send_packed"]
 
 
 def _needs_command_name(pool: Any) -> bool:
@@ -55,13 +55,14 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-async def _send(connection: Any, packed: list[bytes]) -> None:
+async def send_packed(connection: Any, packed: list[bytes]) -> None:
     """Write ``packed`` to ``connection``'s socket.
 
     Straight to its stream writer when it has one: redis-py's
     ``send_packed_command`` runs the write under ``asyncio.wait_for``, which
     on Python 3.11 wraps it in a task of its own, two more trips through the
-    event loop for every write; the caller's deadline already bounds it.
+    event loop for every write, and drops a cancel that lands as the write
+    ends (see ``streamsub._cancel``); the caller's deadline already bounds it.
     """
     writer = getattr(connection, "_writer", None)
     if writer is None:  # not connected, or a redis-py without one
@@ -169,7 +170,7 @@ class InOrderConnection:
                 if confirmation is not None and confirmed is not None:
                     self._confirm_with(confirmation, [confirmed])
                 try:
-                    await _send(connection, connection.pack_commands(sent))
+                    await send_packed(connection, connection.pack_commands(sent))
                 except BaseException as exc:
                     await self._broken(connection, exc)
                     raise
@@ -233,7 +234,7 @@ class InOrderConnection:
             self._waiting.append((confirmation, loop.time() + self._timeout))
             self._confirm_with(confirmation, group)
             try:
-                await _send(connection, connection.pack_commands([command]))
+                await send_packed(connection, connection.pack_commands([command]))
             except BaseException as exc:
                 await self._broken(connection, exc)
                 if not isinstance(exc, Exception):

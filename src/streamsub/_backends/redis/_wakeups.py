@@ -42,7 +42,7 @@ import redis.exceptions as rexc
 from redis.asyncio.cluster import RedisCluster
 
 from ..._cancel import raise_if_cancelled
-from ._in_order import _send
+from ._in_order import send_packed
 from ._slots import key_slot
 
 log = logging.getLogger("streamsub")
@@ -333,7 +333,7 @@ class _NodeWatch:
                 remove = (self._subscribed | self._sent) - self.channels
                 commands = [("SSUBSCRIBE", c) for c in add] + [("SUNSUBSCRIBE", c) for c in remove]
                 if commands:
-                    await _send(connection, connection.pack_commands(commands))
+                    await send_packed(connection, connection.pack_commands(commands))
                     self._sent |= add
                     self._subscribed -= remove
                     self._sent -= remove
@@ -365,7 +365,7 @@ class _NodeWatch:
             if reply is None:
                 if pinged:
                     raise TimeoutError(f"{self._node.name} did not answer PING")
-                await _send(connection, connection.pack_command("PING"))
+                await send_packed(connection, connection.pack_command("PING"))
                 pinged = True
                 continue
             if not isinstance(reply, list) or len(reply) < 2:
