@@ -16,7 +16,10 @@ from streamsub._core.codec import (
     data_only,
     decode,
     encode,
+    encode_data,
+    pack_data,
     size_of,
+    unpack_fields,
 )
 from streamsub._errors import (
     InvalidArgumentError,
@@ -275,6 +278,38 @@ def test_data_only_gives_the_data_of_the_common_shape_alone() -> None:
     assert data_only([b"k", b"key"]) is None
     assert data_only([b"other", b"x"]) is None
     assert data_only([]) is None
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=40),
+            st.none() | st.text(min_size=1, max_size=5),
+            st.dictionaries(st.text(min_size=1, max_size=4), st.text(max_size=4), max_size=2),
+            st.integers(min_value=0, max_value=4),
+        ),
+        max_size=12,
+    )
+)
+def test_runs_of_data_alone_and_other_shapes_concatenate_as_a_batch_does(
+    messages: list[tuple[bytes, str | None, dict[str, str], int]],
+) -> None:
+    """A batch joins the packed forms of single publishes (data alone, or with a
+    key or attributes) and of publish_many's runs of data alone (any length,
+    empty data included); unpacked, it gives every message's fields in order,
+    as append.lua adds them."""
+    parts: list[bytes] = []
+    expected: list[bytes] = []
+    for data, key, attributes, run in messages:
+        if run:  # a run of `run` messages holding this data
+            parts.append(pack_data([data] * run))
+            expected += [b"d", data] * run
+        else:
+            encoded = encode(data, key, attributes, max_bytes=BIG)
+            parts.append(encoded.packed)
+            expected += encoded.fields
+    assert unpack_fields(b"".join(parts)) == expected
+    assert encode_data(b"xy", 2).fields == encode(b"xy", max_bytes=2).fields == [b"d", b"xy"]
 
 
 def test_decode_reads_fields_in_any_order() -> None:

@@ -47,7 +47,10 @@ class Encoded(NamedTuple):
 
     ``packed`` is the form a batch is sent in (one argument for the whole
     batch, see ``scripts/append.lua``): a big-endian uint16 value count, then
-    each field name and value as a big-endian uint32 length and its bytes.
+    each field name and value as a big-endian uint32 length and its bytes. A
+    count of 0 starts a run of messages that are data alone, which Redis
+    appends without a step per field: a big-endian uint32 message count, then
+    each message's data as a uint32 length and its bytes.
     """
 
     packed: bytes
@@ -62,7 +65,8 @@ class Encoded(NamedTuple):
 
 _COUNT = struct.Struct(">H")
 _LEN = struct.Struct(">I")
-_DATA_ONLY = _COUNT.pack(2) + _LEN.pack(1) + b"d"
+_RUN = _COUNT.pack(0)  # then a run of messages that are data alone
+_DATA_ONLY = _RUN + _LEN.pack(1)  # a run of one
 _DATA_AND_KEY = _COUNT.pack(4) + _LEN.pack(1) + b"d"
 _KEY_HEADER = _LEN.pack(1) + b"k"
 
@@ -82,9 +86,16 @@ def unpack_fields(packed: bytes) -> list[bytes]:
     while pos < len(packed):
         (count,) = _COUNT.unpack_from(packed, pos)
         pos += _COUNT.size
+        run = 0
+        if count == 0:  # a run of messages that are data alone
+            (run,) = _LEN.unpack_from(packed, pos)
+            pos += _LEN.size
+            count = run
         for _ in range(count):
             (length,) = _LEN.unpack_from(packed, pos)
             pos += _LEN.size
+            if run:
+                fields.append(_DATA)
             fields.append(packed[pos : pos + length])
             pos += length
     return fields
@@ -188,10 +199,12 @@ def encode_data(data: bytes, max_bytes: int) -> Encoded:
 
 def pack_data(datas: Sequence[bytes]) -> bytes:
     """Messages that are ``bytes`` alone, checked (each within the size limit),
-    packed one after the other: the ``packed`` of each one's :func:`encode_data`,
-    joined, without a step per message in between."""
-    header, length = _DATA_ONLY, _LEN.pack
-    return b"".join([part for data in datas for part in (header, length(len(data)), data)])
+    packed as one run (see :class:`Encoded`), without a step per message in
+    between."""
+    length = _LEN.pack
+    parts = [_RUN, length(len(datas))]
+    parts += [part for data in datas for part in (length(len(data)), data)]
+    return b"".join(parts)
 
 
 def _too_large(size: int, max_bytes: int) -> MessageTooLargeError:

@@ -1,8 +1,11 @@
 -- Append a batch of messages to one partition's stream, in order.
 -- KEYS[1]: the stream. ARGV[1]: the batch, packed: per message a big-endian
 -- uint16 value count n, then n values (field, value, field, value, ...), each
--- a big-endian uint32 length and its bytes. Returns the new entry ids in one
--- string, separated by spaces.
+-- a big-endian uint32 length and its bytes; or a value count of 0, then a run
+-- of messages that are data alone: a big-endian uint32 message count, then per
+-- message its data as a uint32 length and its bytes (field 'd'; a fifth less
+-- of Redis's time a message than the general form). Returns the new entry ids
+-- in one string, separated by spaces.
 -- One argument instead of thousands: packing arguments one by one, not Redis,
 -- is what limits a Python publisher; and one reply, which the client splits at
 -- once, instead of one per message.
@@ -39,15 +42,26 @@ local pos, last = 1, #blob
 while pos <= last do
   local n
   n, pos = struct_unpack('>I2', blob, pos)
-  local format = formats[n]
-  if not format then
-    format = '>' .. string.rep('I4c0', n)
-    formats[n] = format
+  if n == 0 then
+    local run
+    run, pos = struct_unpack('>I4', blob, pos)
+    for _ = 1, run do
+      local data
+      data, pos = struct_unpack('>I4c0', blob, pos)
+      count = count + 1
+      ids[count] = call('XADD', key, '*', 'd', data)
+    end
+  else
+    local format = formats[n]
+    if not format then
+      format = '>' .. string.rep('I4c0', n)
+      formats[n] = format
+    end
+    local values = {struct_unpack(format, blob, pos)}
+    pos = values[n + 1]
+    count = count + 1
+    ids[count] = call('XADD', key, '*', unpack(values, 1, n))
   end
-  local values = {struct_unpack(format, blob, pos)}
-  pos = values[n + 1]
-  count = count + 1
-  ids[count] = call('XADD', key, '*', unpack(values, 1, n))
 end
 if link then
   -- Only writes in flight behind this one read it: a minute outlives them.
