@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-fixed": "impls.streamsub_prev:StreamsubBeforeAdaptive",
     "streamsub-adaptive": "impls.streamsub_prev:StreamsubAdaptive",
     "streamsub-pre-recv": "impls.streamsub_prev:StreamsubBeforeReceivePath",
+    "streamsub-pre-runs": "impls.streamsub_prev:StreamsubBeforeDataRuns",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

@@ -146,3 +146,13 @@ class StreamsubBeforeReceivePath(StreamsubAdaptive):
     at a time): the "before" of the e2e scenario in the same run."""
 
     name = "streamsub-pre-recv"
+
+
+class StreamsubBeforeDataRuns(StreamsubPrevious):
+    """streamsub at ``ce8a04d``, the last commit before messages that are data
+    alone went to ``append.lua`` as runs (each one its own record, unpacked
+    into a table): the "before" of that change, measured in the same run."""
+
+    name = "streamsub-pre-runs"
+    commit: ClassVar[str] = "ce8a04d"
+    _extracted: ClassVar[Path | None] = None

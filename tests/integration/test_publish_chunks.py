@@ -82,13 +82,19 @@ def packing(monkeypatch: pytest.MonkeyPatch) -> list[_Recording]:
     return backends
 
 
-def _stored(redis_client: redis.Redis, topic: str) -> dict[str, bytes]:
-    """Every message of ``topic`` by its id (``<partition>-<entry id>``)."""
-    stored = {}
+def _entries(redis_client: redis.Redis, topic: str) -> dict[str, dict[bytes, bytes]]:
+    """Every entry's fields of ``topic`` by its id (``<partition>-<entry id>``)."""
+    entries = {}
     for partition in range(PARTITIONS):
         for entry_id, fields in redis_client.xrange(stream_key(redis_client, topic, partition)):
-            stored[f"{partition}-{entry_id.decode()}"] = fields[b"d"]
-    return stored
+            entries[f"{partition}-{entry_id.decode()}"] = fields
+    return entries
+
+
+def _stored(redis_client: redis.Redis, topic: str) -> dict[str, bytes]:
+    """Every message's data of ``topic`` by its id."""
+    entries = _entries(redis_client, topic)
+    return {message_id: fields[b"d"] for message_id, fields in entries.items()}
 
 
 def _in_order_per_partition(ids: list[str]) -> bool:
@@ -180,6 +186,16 @@ async def test_concurrent_large_calls_keyed_calls_and_publishes_share_writes(
         assert [stored[message_id] for message_id in ids] == call
         assert _in_order_per_partition(ids)
     assert sorted(stored[message_id] for message_id in results[5:]) == sorted(singles)
+    # Runs of data alone and keyed messages share writes: each entry has
+    # exactly its own fields.
+    entries = _entries(redis_client, "chunks")
+    for call, ids in zip(keyed, results[3:5], strict=True):
+        for message, message_id in zip(call, ids, strict=True):
+            assert message.ordering_key is not None
+            key = message.ordering_key.encode()
+            assert entries[message_id] == {b"d": message.data, b"k": key}
+    alone = [*results[0], *results[1], *results[2], *results[5:]]
+    assert all(list(entries[message_id]) == [b"d"] for message_id in alone)
 
 
 async def test_a_bad_message_at_the_end_of_a_large_call_writes_nothing(
