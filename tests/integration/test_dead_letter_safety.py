@@ -47,6 +47,11 @@ async def test_dead_lettering_an_entry_twice_writes_it_once(
     assert written[2::3] == [None] * 20  # the stranger
     assert redis_client.xlen(stream_key(redis_client, "dl-dst", 0)) == 20
     assert redis_client.xpending(stream_key(redis_client, "dl-src", 0), "dl-sub")["pending"] == 0
+    # Each holds the message it was given (data alone, packed as a run of one)
+    # and its delivery times.
+    for _, fields in redis_client.xrange(stream_key(redis_client, "dl-dst", 0)):
+        assert fields.pop(b"d") == b"dead"
+        assert sorted(fields) == [b"a:streamsub.first_delivery_ms", b"a:streamsub.last_delivery_ms"]
 
 
 class _Probing(TEST_BACKEND):

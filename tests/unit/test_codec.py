@@ -296,8 +296,8 @@ def test_runs_of_data_alone_and_other_shapes_concatenate_as_a_batch_does(
 ) -> None:
     """A batch joins the packed forms of single publishes (data alone, or with a
     key or attributes) and of publish_many's runs of data alone (any length,
-    empty data included); unpacked, it gives every message's fields in order,
-    as append.lua adds them."""
+    empty data included); unpacked, it gives every message's fields in order
+    (what append.lua reads; the integration tests check what it stores)."""
     parts: list[bytes] = []
     expected: list[bytes] = []
     for data, key, attributes, run in messages:

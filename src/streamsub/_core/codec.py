@@ -72,7 +72,7 @@ _KEY_HEADER = _LEN.pack(1) + b"k"
 
 
 def pack_fields(fields: list[bytes]) -> bytes:
-    """Pack a flat field list as ``Encoded.packed`` holds it."""
+    """Pack a flat field list in the general form of ``Encoded.packed`` (not a run)."""
     parts = [_COUNT.pack(len(fields))]
     for value in fields:
         parts += (_LEN.pack(len(value)), value)
