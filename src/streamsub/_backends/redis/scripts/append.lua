@@ -3,7 +3,7 @@
 -- uint16 value count n, then n values (field, value, field, value, ...), each
 -- a big-endian uint32 length and its bytes; or a value count of 0, then a run
 -- of messages that are data alone: a big-endian uint32 message count, then per
--- message its data as a uint32 length and its bytes (field 'd'; a fifth less
+-- message its data as a uint32 length and its bytes (field 'd'; a sixth less
 -- of Redis's time a message than the general form). Returns the new entry ids
 -- in one string, separated by spaces.
 -- One argument instead of thousands: packing arguments one by one, not Redis,
