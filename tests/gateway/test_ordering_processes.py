@@ -134,8 +134,12 @@ def test_two_gateway_processes_share_an_ordered_subscription_and_take_over(
     pid_b = str(b.process.pid)
 
     def split_between(pid_a: str) -> bool:
-        owners = _owners(server.url, native)
-        return len(owners) == _PARTITIONS and set(owners.values()) == {pid_a, pid_b}
+        # Half each, as the ownership gives two members by right: a join hands
+        # partitions over one by one, so both owning some is not yet the split
+        # (a partition still on its way would deliver a key from both).
+        owners = list(_owners(server.url, native).values())
+        half = _PARTITIONS // 2
+        return owners.count(pid_a) == half and owners.count(pid_b) == half
 
     try:
         wait_for(lambda: split_between(str(a.process.pid)), 60, "both gateways to own partitions")
