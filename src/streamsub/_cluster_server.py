@@ -173,6 +173,15 @@ class RedisClusterServers:
         nodes: list[Any] = [self.node(s.port) for s in running]
         try:
             self._wait("cluster_state:ok and synced replicas", lambda: self._ready(nodes), timeout)
+        except StreamsubError as exc:
+            # What each node sees, to tell which one disagrees.
+            views = [f"{exc}; the nodes' views:"]
+            for server, node in zip(running, nodes, strict=True):
+                try:
+                    views += [f"port {server.port}:", *self._nodes_lines(node)]
+                except (redis.RedisError, OSError) as error:
+                    views.append(f"port {server.port}: {error!r}")
+            raise StreamsubError("\n".join(views)) from None
         finally:
             for node in nodes:
                 node.close()
