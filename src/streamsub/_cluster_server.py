@@ -7,8 +7,9 @@ itself with plain commands, as ``redis-cli --cluster create`` does but without
 its one-second polls (and without needing redis-cli): the slots split evenly
 over the masters (``CLUSTER ADDSLOTS``), a distinct config epoch each,
 ``CLUSTER MEET`` from the first node, ``CLUSTER REPLICATE`` once every node
-knows every other. It returns once every node says ``cluster_state:ok``, sees
-the same slot map, and every replica's link is up with its initial sync done.
+knows every other. It returns once every node says ``cluster_state:ok`` (every
+slot served, in its own view), sees the same masters and each replica with
+the same master, and every replica's link is up with its initial sync done.
 On this 2-core machine that takes about 1.5 s for 3 masters and 3 replicas
 (``repl-diskless-sync-delay 0``; the default 5 s delay makes it 7 s).
 """
