@@ -122,7 +122,10 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
                 stored += key not in dead_keys
             except streamsub.StreamsubError as exc:
                 client.resume_publish("halves", key)
-                (refused if key in dead_keys else failed).append(f"{key}: {exc!r}"[:200])
+                if key in dead_keys:
+                    refused.append(f"{key}: {exc!r}"[:200])
+                else:  # whole, with what redis-py raised: to tell which trip it was
+                    failed.append(f"{key}: {exc!r} from {exc.__cause__!r}")
 
         async def mixed(n: int) -> None:
             while time.monotonic() < until_time:
