@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 
 import pytest
 
@@ -124,8 +125,10 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
                 client.resume_publish("halves", key)
                 if key in dead_keys:
                     refused.append(f"{key}: {exc!r}"[:200])
-                else:  # whole, with what redis-py raised: to tell which trip it was
-                    failed.append(f"{key}: {exc!r} from {exc.__cause__!r}")
+                else:  # whole, with what redis-py raised and where: to tell which trip it was
+                    cause = exc.__cause__
+                    where = traceback.format_tb(cause.__traceback__)[-4:] if cause else []
+                    failed.append(f"{key}: {exc!r} from {cause!r} at {''.join(where)}")
 
         async def mixed(n: int) -> None:
             while time.monotonic() < until_time:
