@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from typing import Any
 
 import pytest
+from redis.crc import key_slot
 
 import streamsub
+from streamsub._backends.redis import _keys
 from streamsub.testing import RedisClusterServers
 from tests.cluster._helpers import owner_port, partition_slot
 
@@ -150,3 +153,63 @@ async def test_writes_queued_behind_a_dead_master_keep_their_order_and_fail_noth
     # batch with one for the dead master (that batch returns after the socket
     # timeout); the first test bounds a healthy publish's wait on its own.
     assert stored == attempted >= 8, (stored, attempted)
+
+
+async def test_a_refresh_that_trips_inside_redis_py_fails_no_write(
+    emptied: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py 5.0 trips when two slot-map refreshes run at once (while a master
+    is dead: its own after another task's command failed there, and the
+    publisher's). The publisher's refresh tripping there (an AttributeError
+    raised inside redis-py, as its clash raises) fails none of the call's
+    writes, over every partition, keyed and not: each is stored once, in its
+    key's order, and a later lookup refreshes again."""
+    async with streamsub.connect(emptied.url) as client:
+        await client.create_topic("halves", partitions=PARTITIONS)
+        await client.publish_many("halves", [b"warm"] * 12)
+        appender = client._backend._appender
+        manager = client._backend._redis.nodes_manager
+        real = type(manager).initialize
+        refreshes: list[bool] = []
+
+        async def tripping(self: Any) -> None:
+            if self is manager:
+                refreshes.append(not refreshes)
+                if refreshes[-1]:
+                    key_slot(None)  # type: ignore[arg-type]
+            await real(self)
+
+        monkeypatch.setattr(type(manager), "initialize", tripping)
+        for round_ in range(2):
+            # As a connection that broke does: every slot routed afresh.
+            appender._slot_node.clear()
+            appender._refresh = True
+            messages = [
+                streamsub.OutgoingMessage(data=b"%d:%d" % (round_, i), ordering_key=f"k{i % 20}")
+                for i in range(100)
+            ] + [b"%d:plain%d" % (round_, i) for i in range(50)]
+            ids = await client.publish_many("halves", messages)
+            assert len(ids) == len(set(ids)) == 150
+            # Tripped once; a later lookup (of this call or the next) refreshed again.
+            assert refreshes[0]
+            assert refreshes.count(True) == 1
+            assert len(refreshes) >= 1 + round_
+        inspect = emptied.client()
+        try:
+            record = inspect.hget(_keys.topic_key("halves"), "salts").split()
+            tags = [_keys.partition_tag("halves", p, int(s)) for p, s in enumerate(record)]
+            bodies = [
+                fields[b"d"]
+                for tag in tags
+                for _, fields in inspect.xrange(_keys.stream_key(tag))
+                if fields[b"d"] != b"warm"
+            ]
+        finally:
+            inspect.close()
+    assert sorted(bodies) == sorted(
+        [b"%d:%d" % (r, i) for r in range(2) for i in range(100)]
+        + [b"%d:plain%d" % (r, i) for r in range(2) for i in range(50)]
+    )
+    for key in range(20):  # each key's messages in one partition, in order
+        mine = [b for b in bodies if b"plain" not in b and int(b.split(b":")[1]) % 20 == key]
+        assert mine == sorted(mine, key=lambda b: (int(b[:1]), int(b.split(b":")[1]))), key

@@ -372,10 +372,28 @@ class _ClusterAppender:
         if name is None:
             if self._refresh:
                 self._refresh = False
-                await self._client.nodes_manager.initialize()
+                await self._refresh_map()
             node = self._client.nodes_manager.get_node_from_slot(slot)
             name = self._slot_node[slot] = node.name
         return name
+
+    async def _refresh_map(self) -> None:
+        """Ask the cluster for its slot map again.
+
+        redis-py 5.0 trips when two refreshes run at once (its own, after another
+        task's command failed on a dead master, and this one): the one that
+        finishes first replaces the nodes the other iterates ("dictionary changed
+        size during iteration"). Nothing was sent then: the call's writes go by
+        the map redis-py has (a write to a node that moved on is redirected or
+        waits, as any), and a later call refreshes again, rather than every write
+        of this call failing, healthy partitions' included.
+        """
+        try:
+            await self._client.nodes_manager.initialize()
+        except _REDIS_PY_TRIPS as exc:
+            if not _raised_in_redis_py(exc):
+                raise
+            self._refresh = True
 
     async def call_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None = None
