@@ -382,11 +382,11 @@ class _ClusterAppender:
 
         redis-py 5.0 trips when two refreshes run at once (its own, after another
         task's command failed on a dead master, and this one): the one that
-        finishes first replaces the nodes the other iterates ("dictionary changed
-        size during iteration"). Nothing was sent then: the call's writes go by
-        the map redis-py has (a write to a node that moved on is redirected or
-        waits, as any), and a later call refreshes again, rather than every write
-        of this call failing, healthy partitions' included.
+        finishes first changes the dict of nodes the other iterates ("dictionary
+        changed size during iteration"). Nothing was sent then: the call's writes
+        go by the map redis-py has (a write to a node that moved on is redirected
+        or waits, as any), and a later lookup refreshes again, rather than every
+        write of this call failing, healthy partitions' included.
         """
         try:
             await self._client.nodes_manager.initialize()
