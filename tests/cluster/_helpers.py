@@ -12,13 +12,18 @@ from streamsub._backends.redis._slots import key_slot
 from streamsub.testing import ACL_RULE, RedisClusterServers
 
 
-def partition_slot(cluster: RedisClusterServers, topic: str, partition: int) -> int:
+def partition_tags(cluster: RedisClusterServers, topic: str) -> list[str]:
+    """Each partition's hash tag, by the salts stored with the topic."""
     inspect = cluster.client()
     try:
         salts = [int(s) for s in inspect.hget(_keys.topic_key(topic), "salts").split()]
     finally:
         inspect.close()
-    return key_slot(_keys.stream_key(_keys.partition_tag(topic, partition, salts[partition])))
+    return [_keys.partition_tag(topic, p, salt) for p, salt in enumerate(salts)]
+
+
+def partition_slot(cluster: RedisClusterServers, topic: str, partition: int) -> int:
+    return key_slot(_keys.stream_key(partition_tags(cluster, topic)[partition]))
 
 
 def owner_port(cluster: RedisClusterServers, slot: int) -> int:
