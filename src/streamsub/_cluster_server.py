@@ -22,7 +22,7 @@ import random
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +46,18 @@ _CLUSTER_ARGS = (
 )  # fmt: skip
 
 
-def _free_port_pair() -> int:
-    """A free loopback port ``p`` whose cluster bus port ``p + 10000`` is free too.
+def _free_port_pair(taken: Collection[int] = ()) -> int:
+    """A free loopback port ``p`` whose cluster bus port ``p + 10000`` is free too,
+    and not in ``taken`` (picked for another node that has not started yet: a
+    port is free until its server binds it).
 
     Below the kernel's ephemeral range (32768+), where ``port 0`` picks land
     and where ``p + 10000`` could pass 65535.
     """
     for _ in range(1000):
         port = random.randrange(20000, 30000)
+        if port in taken:
+            continue
         try:
             with contextlib.ExitStack() as stack:
                 for candidate in (port, port + 10000):
@@ -258,13 +262,15 @@ def redis_cluster(
             )
         else:
             directory = Path(data_dir)
-        servers = []
+        servers: list[RedisServer] = []
         for i in range(masters * (1 + replicas)):
             node_dir = directory / f"node{i}"
             servers.append(
                 RedisServer(
                     node_dir,
-                    port=_free_port_pair(),
+                    # Two nodes on one port: the second's PING is answered by
+                    # the first, and the cluster is built of one node twice.
+                    port=_free_port_pair({s.port for s in servers}),
                     appendfsync=appendfsync,
                     binary=binary,
                     extra_args=(*_CLUSTER_ARGS, str(node_dir / "nodes.conf"), *extra_args),

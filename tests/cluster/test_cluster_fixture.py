@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from streamsub.testing import RedisClusterServers
+import random
+from pathlib import Path
+
+import pytest
+
+from streamsub.testing import RedisClusterServers, redis_cluster
 
 
 def test_cluster_serves_every_slot_from_three_masters_with_synced_replicas(
@@ -40,3 +45,22 @@ def test_cluster_serves_every_slot_from_three_masters_with_synced_replicas(
     finally:
         client.delete(*keys)
         client.close()
+
+
+def test_two_nodes_never_get_one_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ports are picked at random before any node starts: a pick repeated for a
+    second node is picked again, not started (its PING would be answered by
+    the first node, and the cluster built of one node twice: "Node config
+    epoch is already non-zero", as a CI run once failed)."""
+    real = random.randrange
+    repeated = real(20000, 30000)
+    picks = iter([repeated, repeated])
+    monkeypatch.setattr(random, "randrange", lambda *args: next(picks, None) or real(*args))
+    with redis_cluster(tmp_path, masters=2, replicas=0) as cluster:
+        assert len(set(cluster.ports)) == 2
+        assert repeated in cluster.ports
+        client = cluster.client()
+        try:
+            assert len({info["primary"][1] for info in client.cluster_slots().values()}) == 2
+        finally:
+            client.close()
