@@ -10,13 +10,32 @@ from typing import Any, Protocol
 __all__ = ["Message", "OutgoingMessage", "Settling"]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True, init=False)
 class OutgoingMessage:
     """A message to publish with ``publish_many``."""
 
     data: bytes
     ordering_key: str | None = None
     attributes: Mapping[str, str] | None = None
+
+    def __init__(
+        self,
+        *,
+        data: bytes,
+        ordering_key: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> None:
+        # Through the slots' own setters: the __init__ a frozen dataclass
+        # writes calls object.__setattr__ per field, and took 0.7 µs a message,
+        # as long as publish_many's own Python for it (benchmarks/README.md).
+        _set_data(self, data)
+        _set_ordering_key(self, ordering_key)
+        _set_attributes(self, attributes)
+
+
+_set_data = OutgoingMessage.__dict__["data"].__set__
+_set_ordering_key = OutgoingMessage.__dict__["ordering_key"].__set__
+_set_attributes = OutgoingMessage.__dict__["attributes"].__set__
 
 
 class Settling(Protocol):

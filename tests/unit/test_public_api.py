@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import re
 
 import pytest
@@ -212,3 +213,24 @@ def test_blocking_client_mirrors_every_async_method_with_the_same_signature() ->
         assert twin.__doc__, f"blocking {name}() has no docstring"
     assert isinstance(vars(streamsub.blocking.Client)["url"], property)
     assert parameters(streamsub.blocking.connect, {}) == parameters(streamsub.connect, {})
+
+
+def test_outgoing_message_is_a_frozen_keyword_only_value() -> None:
+    """OutgoingMessage's own __init__ (faster than the dataclass's) keeps what
+    the frozen dataclass promised: keywords only, defaults, equality and hash
+    by value, no assignment, dataclasses.replace."""
+    message = streamsub.OutgoingMessage(data=b"x", ordering_key="k")
+    assert (message.data, message.ordering_key, message.attributes) == (b"x", "k", None)
+    twin = streamsub.OutgoingMessage(data=b"x", ordering_key="k")
+    assert message == twin
+    assert hash(message) == hash(twin)
+    assert message != streamsub.OutgoingMessage(data=b"x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.data = b"y"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        streamsub.OutgoingMessage(b"x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        streamsub.OutgoingMessage()  # type: ignore[call-arg]
+    changed = dataclasses.replace(message, attributes={"a": "1"})
+    assert (changed.data, changed.ordering_key, changed.attributes) == (b"x", "k", {"a": "1"})
+    assert not hasattr(message, "__dict__")
