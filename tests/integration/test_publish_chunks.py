@@ -73,10 +73,10 @@ def packing(monkeypatch: pytest.MonkeyPatch) -> list[_Recording]:
     backends: list[_Recording] = []
     pack = publisher_module.pack_data
 
-    def counted(datas: Sequence[bytes]) -> bytes:
+    def counted(datas: Sequence[bytes], sizes: Sequence[int]) -> bytes:
         for backend in backends:
             backend.packed += len(datas)
-        return pack(datas)
+        return pack(datas, sizes)
 
     monkeypatch.setattr(publisher_module, "pack_data", counted)
     return backends

@@ -301,9 +301,10 @@ def test_runs_of_data_alone_and_other_shapes_concatenate_as_a_batch_does(
     parts: list[bytes] = []
     expected: list[bytes] = []
     for data, key, attributes, run in messages:
-        if run:  # a run of `run` messages holding this data
-            parts.append(pack_data([data] * run))
-            expected += [b"d", data] * run
+        if run:  # a run of `run` messages of different lengths, from this data
+            datas = [data + bytes([i]) * i for i in range(run)]
+            parts.append(pack_data(datas, [len(d) for d in datas]))
+            expected += [field for d in datas for field in (b"d", d)]
         else:
             encoded = encode(data, key, attributes, max_bytes=BIG)
             parts.append(encoded.packed)

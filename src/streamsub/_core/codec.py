@@ -49,8 +49,9 @@ class Encoded(NamedTuple):
     batch, see ``scripts/append.lua``): a big-endian uint16 value count, then
     each field name and value as a big-endian uint32 length and its bytes. A
     count of 0 starts a run of messages that are data alone, which Redis
-    appends without a step per field: a big-endian uint32 message count, then
-    each message's data as a uint32 length and its bytes.
+    appends without a step per field: a big-endian uint32 message count, each
+    message's data length as a big-endian uint32, then their data one after
+    the other (a run of one: the count, the length, the data).
     """
 
     packed: bytes
@@ -86,16 +87,18 @@ def unpack_fields(packed: bytes) -> list[bytes]:
     while pos < len(packed):
         (count,) = _COUNT.unpack_from(packed, pos)
         pos += _COUNT.size
-        run = 0
         if count == 0:  # a run of messages that are data alone
             (run,) = _LEN.unpack_from(packed, pos)
             pos += _LEN.size
-            count = run
+            at = pos + run * _LEN.size  # the data, behind the lengths
+            for (length,) in _LEN.iter_unpack(packed[pos:at]):
+                fields += (_DATA, packed[at : at + length])
+                at += length
+            pos = at
+            continue
         for _ in range(count):
             (length,) = _LEN.unpack_from(packed, pos)
             pos += _LEN.size
-            if run:
-                fields.append(_DATA)
             fields.append(packed[pos : pos + length])
             pos += length
     return fields
@@ -197,14 +200,13 @@ def encode_data(data: bytes, max_bytes: int) -> Encoded:
     return Encoded(b"".join((_DATA_ONLY, _LEN.pack(size), data)), size, None)
 
 
-def pack_data(datas: Sequence[bytes]) -> bytes:
-    """Messages that are ``bytes`` alone, checked (each within the size limit),
-    packed as one run (see :class:`Encoded`), without a step per message in
-    between."""
-    length = _LEN.pack
-    parts = [_RUN, length(len(datas))]
-    parts += [part for data in datas for part in (length(len(data)), data)]
-    return b"".join(parts)
+def pack_data(datas: Sequence[bytes], sizes: Sequence[int]) -> bytes:
+    """Messages that are ``bytes`` alone, checked (each within the size limit;
+    ``sizes``: their lengths), packed as one run (see :class:`Encoded`): the
+    count and the lengths in one ``struct.pack``, then the data joined, with no
+    step per message in Python."""
+    count = len(datas)
+    return b"".join((_RUN, struct.pack(f">{count + 1}I", count, *sizes), *datas))
 
 
 def _too_large(size: int, max_bytes: int) -> MessageTooLargeError:

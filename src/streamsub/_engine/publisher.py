@@ -481,7 +481,9 @@ class TopicPublisher:
         self._enqueue_runs(
             part,
             part_size,
-            lambda first, last: pack_data(datas[start + first : start + last]),
+            lambda first, last: pack_data(
+                datas[start + first : start + last], sizes[start + first : start + last]
+            ),
             waiter,
             start,
             self._clock(),
