@@ -12,7 +12,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Literal, Self
 
@@ -630,7 +630,11 @@ class Client:
                 raise
             else:
                 publisher = TopicPublisher(
-                    self._backend, record, self._batch_settings, gate=self._publish_gate
+                    self._backend,
+                    record,
+                    self._batch_settings,
+                    gate=self._publish_gate,
+                    on_gone=self._forget_publisher,
                 )
                 self._publishers[topic] = publisher
                 if self._trimmer is not None:
@@ -674,28 +678,36 @@ class Client:
                 return await self._publish_one(topic, data, ordering_key, attributes)
         return await self._publish_one(topic, data, ordering_key, attributes)
 
-    async def _publish_one(
+    def _publish_one(
         self,
         topic: str,
         data: bytes,
         ordering_key: str | None,
         attributes: Mapping[str, str] | None,
-    ) -> str:
-        encoded = encode(data, ordering_key, attributes, max_bytes=self._limits.max_message_bytes)
-        publisher = self._publishers.get(topic)
-        if publisher is None or topic in self._handoffs:
-            with self._on_the_way():
-                publisher = await self._publisher(topic)
-                future = publisher.submit((encoded,))
+    ) -> Awaitable[str]:
+        """The message checked and, when the topic's publisher is at hand and
+        flow control has room, queued at once: the future of its id (no
+        coroutine of its own to run); else a coroutine that looks the
+        publisher up or waits for room."""
+        max_bytes = self._limits.max_message_bytes
+        if type(data) is bytes and ordering_key is None and attributes is None:
+            encoded = encode_data(data, max_bytes)
         else:
-            # Queued at once when flow control has room (no coroutine of the
-            # publisher's to run), else it waits for room in publish().
-            future = publisher.submit((encoded,))
-        try:
-            (message_id,) = await (future if future is not None else publisher.publish((encoded,)))
-        except TopicNotFoundError:
-            self._forget_publisher(publisher)
-            raise
+            encoded = encode(data, ordering_key, attributes, max_bytes=max_bytes)
+        publisher = self._publishers.get(topic)
+        if publisher is not None and topic not in self._handoffs:
+            future = publisher.submit_one(encoded)
+            if future is not None:
+                return future
+        return self._publish_when_ready(topic, encoded)
+
+    async def _publish_when_ready(self, topic: str, encoded: Encoded) -> str:
+        with self._on_the_way():
+            publisher = await self._publisher(topic)
+            future = publisher.submit_one(encoded)
+        if future is not None:
+            return await future
+        (message_id,) = await publisher.publish((encoded,))
         return message_id
 
     @contextlib.contextmanager
@@ -765,11 +777,7 @@ class Client:
         with self._on_the_way():
             publisher = await self._publisher(topic)
             future = publisher.submit(encoded)
-        try:
-            return await (future if future is not None else publisher.publish(encoded))
-        except TopicNotFoundError:
-            self._forget_publisher(publisher)
-            raise
+        return await (future if future is not None else publisher.publish(encoded))
 
     async def _publish_data(self, topic: str, datas: list[bytes], max_bytes: int) -> list[str]:
         """``publish_many`` of messages that are data alone: checked, then packed
@@ -785,11 +793,7 @@ class Client:
                 raise type(exc)(f"message {index}: {exc}") from None
         with self._on_the_way():
             publisher = await self._publisher(topic)
-        try:
-            return await (await publisher.queue_data(datas, sizes, sum(sizes)))
-        except TopicNotFoundError:
-            self._forget_publisher(publisher)
-            raise
+        return await (await publisher.queue_data(datas, sizes, sum(sizes)))
 
     def resume_publish(self, topic: str, ordering_key: str) -> None:
         """Let publishes to ``topic`` with ``ordering_key`` go again after a failed
@@ -819,7 +823,8 @@ class Client:
         self._publish_gate.watch_pauses(callback)
 
     def _forget_publisher(self, publisher: TopicPublisher) -> None:
-        """The topic was deleted under the publisher: the next publish looks it up anew."""
+        """The topic was deleted under the publisher (it says so before it fails
+        the publishes): the next publish looks it up anew."""
         if self._publishers.get(publisher.topic.name) is publisher:
             del self._publishers[publisher.topic.name]
             asyncio.get_running_loop().create_task(publisher.aclose())

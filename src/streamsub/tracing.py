@@ -90,6 +90,9 @@ def _tracer() -> Any | None:
 
 def active() -> bool:
     """Whether handling and publishing are traced now (an SDK is set up)."""
+    cached = _cached  # _tracer()'s answer, without its call: asked on every publish
+    if cached is not None and time.monotonic() - cached[0] < RECHECK:
+        return cached[1] is not None
     return _tracer() is not None
 
 

@@ -6,6 +6,7 @@ same contents (``DUMP``), so no stream grew, no record or group appeared.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -271,6 +272,45 @@ async def test_publish_to_topic_deleted_by_another_client(
             await orders.publish("orders", b"into the void", ordering_key="k")
     finally:
         assert _state(redis_client) == before, "an orphan stream was written"
+
+
+async def test_publishes_after_the_topic_was_made_anew_go_to_the_new_topic(
+    orders: streamsub.Client, server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Another client deletes "orders" (16 partitions): this client's publishes
+    of every kind queued at once (50 plain, 50 keyed, 5 publish_many of data
+    alone and 5 keyed, 10 messages each) all fail with TopicNotFoundError. The
+    topic made anew with 3 partitions, the next ones, of every kind, are all
+    stored in it: the client looked the topic up anew rather than write by the
+    old one's partitions (those past 2 would fail)."""
+    async with streamsub.connect(server.url) as other:
+        await other.delete_topic("orders", force=True)
+
+    def calls() -> list[Awaitable[object]]:
+        return [
+            *(orders.publish("orders", b"plain %d" % i) for i in range(50)),
+            *(
+                orders.publish("orders", b"keyed %d" % i, ordering_key=f"k{i % 7}")
+                for i in range(50)
+            ),
+            *(orders.publish_many("orders", [b"run"] * 10) for _ in range(5)),
+            *(
+                orders.publish_many(
+                    "orders", [OutgoingMessage(data=b"m", ordering_key=f"k{i}") for i in range(10)]
+                )
+                for _ in range(5)
+            ),
+        ]
+
+    failed = await asyncio.gather(*calls(), return_exceptions=True)
+    assert all(isinstance(result, streamsub.TopicNotFoundError) for result in failed), failed
+    async with streamsub.connect(server.url) as other:
+        await other.create_topic("orders", partitions=3)
+    stored = await asyncio.gather(*calls())
+    ids = [i for result in stored for i in (result if isinstance(result, list) else [result])]
+    assert len(ids) == 200
+    assert {int(i.split("-", 1)[0]) for i in ids} <= {0, 1, 2}
+    assert _stream_total(redis_client, stream_keys(redis_client, "orders", 3)) == 200
 
 
 @pytest.mark.usefixtures("unchanged")

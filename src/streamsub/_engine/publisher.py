@@ -75,6 +75,7 @@ from .._errors import (
     FlowControlLimitError,
     OrderingKeyPausedError,
     StreamsubError,
+    TopicNotFoundError,
     UnavailableError,
 )
 from .._settings import BatchSettings, LimitExceededBehavior, PublishFlowControl
@@ -268,12 +269,22 @@ class _Waiter:
             self.future.set_exception(exc)
 
 
+def _fail_waiter(waiter: _Waiter | asyncio.Future[str], exc: BaseException) -> None:
+    """Fail the publish call that ``waiter`` stands for, if it is not done."""
+    if isinstance(waiter, _Waiter):
+        waiter.fail(exc)
+    elif not waiter.done():  # one message's own future (see submit_one)
+        waiter.set_exception(exc)
+
+
 class _Token(NamedTuple):
     """One queued message, or a run of ``length`` messages of one call without
     ordering keys (packed one after the other, see ``_core/batch.py``): whose
-    they are, and what the bookkeeping needs of them (``size``: of them all)."""
+    they are, and what the bookkeeping needs of them (``size``: of them all).
+    ``waiter``: the call's, or for a call of one message (:meth:`TopicPublisher.
+    submit_one`, the shape of most calls) the future of its id."""
 
-    waiter: _Waiter
+    waiter: _Waiter | asyncio.Future[str]
     position: int
     key: str | None
     size: int
@@ -299,8 +310,12 @@ class TopicPublisher:
         *,
         gate: PublishGate | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_gone: Callable[[TopicPublisher], None] | None = None,
     ) -> None:
+        """``on_gone(self)``: called when a write finds the topic deleted, before
+        its publishes fail (the client then looks the topic up anew)."""
         self._backend = backend
+        self._on_gone = on_gone
         self._topic = topic
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
@@ -377,6 +392,32 @@ class TopicPublisher:
         if not self._gate.try_take(len(messages), size):
             return None
         return self._enqueue(messages, size)
+
+    def submit_one(self, message: Encoded) -> asyncio.Future[str] | None:
+        """:meth:`submit` of one message: the future of its id (no list of ids,
+        no waiter to fill: a single publish is most publishes)."""
+        if self._closed:
+            raise ClosedError("the publisher is closed; publish before closing the client")
+        key = message.ordering_key
+        if key is not None and key in self._paused:
+            raise OrderingKeyPausedError(self._topic.name, key)
+        size = message.size
+        if not self._gate.try_take(1, size):
+            return None
+        future: asyncio.Future[str] = self._flusher_loop().create_future()
+        batcher = self._batcher
+        if batcher.would_overflow(size):
+            self._close_batch()
+        self._open_messages += 1
+        self._open_bytes += size
+        partition = self._sticky.current if key is None else self._partition(message)
+        token = _Token(future, 0, key, size)
+        if batcher.add(partition, message.packed, size, token, self._clock()):
+            self._close_batch()
+        self._queued_messages += 1
+        self._queued_bytes += size
+        self._wake.set()
+        return future
 
     async def publish(self, messages: Sequence[Encoded]) -> list[str]:
         """Queue ``messages`` (already checked) and return their ids once written.
@@ -507,16 +548,7 @@ class TopicPublisher:
         waiter = _Waiter(count, loop)
         batcher = self._batcher
         now = self._clock()
-        if count == 1:
-            message = messages[0]
-            if batcher.would_overflow(size):
-                self._close_batch()
-            self._open_messages += 1
-            self._open_bytes += size
-            token = _Token(waiter, 0, message.ordering_key, size)
-            if batcher.add(self._partition(message), message.packed, size, token, now):
-                self._close_batch()
-        elif any(message.ordering_key is not None for message in messages):
+        if count == 1 or any(message.ordering_key is not None for message in messages):
             for index, message in enumerate(messages):
                 if batcher.would_overflow(message.size):
                     self._close_batch()
@@ -579,7 +611,7 @@ class TopicPublisher:
         """Fail the publishes of ``messages`` with ``exc``; return their keys."""
         keys: list[str | None] = []
         for _, token in messages:
-            token.waiter.fail(exc)
+            _fail_waiter(token.waiter, exc)
             keys.append(token.key)
         return keys
 
@@ -612,9 +644,11 @@ class TopicPublisher:
                 for entry in messages:
                     token = entry[1]
                     if token.key is not None and token.key in self._paused:
-                        token.waiter.fail(OrderingKeyPausedError(self._topic.name, token.key))
+                        _fail_waiter(
+                            token.waiter, OrderingKeyPausedError(self._topic.name, token.key)
+                        )
                     elif exc is not None:
-                        token.waiter.fail(exc)
+                        _fail_waiter(token.waiter, exc)
                         failed_keys.append(token.key)
                     else:
                         keep.append(entry)
@@ -737,6 +771,8 @@ class TopicPublisher:
         try:
             results = await self._backend.append(self._topic, payload, links)
         except StreamsubError as exc:  # outcome unknown: every publish of the batch fails
+            if isinstance(exc, TopicNotFoundError):
+                self._gone()
             for partition in batch:
                 self._failures.setdefault(partition, exc)
             self._fail_batch(ready, exc)
@@ -756,6 +792,8 @@ class TopicPublisher:
                     await asyncio.shield(earlier)  # its results are still on their way
                 failed_keys += self._fail(messages, self._failures.get(partition, result))
             elif isinstance(result, StreamsubError):
+                if isinstance(result, TopicNotFoundError):
+                    self._gone()
                 self._failures.setdefault(partition, result)
                 failed_keys += self._fail(messages, result)
             else:
@@ -764,12 +802,17 @@ class TopicPublisher:
                     raise AssertionError(f"{len(result)} ids for a write to partition {partition}")
                 at = 0
                 for _, token in messages:
-                    if token.length == 1:
-                        token.waiter.resolve(token.position, prefix + result[at])
+                    waiter = token.waiter
+                    if not isinstance(waiter, _Waiter):  # a call of one message: its id
+                        if not waiter.done():
+                            waiter.set_result(prefix + result[at])
+                        at += 1
+                    elif token.length == 1:
+                        waiter.resolve(token.position, prefix + result[at])
                         at += 1
                     else:
                         ids = [prefix + entry_id for entry_id in result[at : at + token.length]]
-                        token.waiter.resolve_run(token.position, ids)
+                        waiter.resolve_run(token.position, ids)
                         at += token.length
                 stored += at
         if stored:
@@ -778,6 +821,10 @@ class TopicPublisher:
         if failed_keys:
             self._pause(failed_keys)
             self._drop_queued(None)
+
+    def _gone(self) -> None:
+        if self._on_gone is not None:
+            self._on_gone(self)
 
     async def aclose(self) -> None:
         """Write what is queued, then stop."""
