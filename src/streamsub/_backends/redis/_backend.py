@@ -311,7 +311,7 @@ class RedisBackend:
         self._redis: Any = self._open(url, options, socket_timeout, max_connections)
         self._socket_timeout = float(socket_timeout)
         self._append = _Script(_script("append.lua"))
-        self._append_source = _without_comments(self._append.source)
+        self._append_source = _without_comments(self._append.source).encode()
         self._appender = self._in_order(socket_timeout)
         self._create_record = _Script(_script("create_record.lua"))
         self._ack = _Script(_script("ack.lua"))

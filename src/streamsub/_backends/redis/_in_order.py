@@ -33,7 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-__all__ = ["InOrderConnection", "send_packed"]
+__all__ = ["InOrderConnection", "pack_commands", "send_packed"]
 
 
 def _needs_command_name(pool: Any) -> bool:
@@ -53,6 +53,30 @@ async def take_connection(pool: Any) -> Any:
 def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def pack_commands(connection: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
+    """``commands`` in RESP, as ``connection.pack_commands`` packs them, in one
+    buffer. Arguments of ``bytes``, ``str`` (UTF-8) and ``int``, the types
+    appends and confirmations are made of, are packed here, without redis-py's
+    encoder call per argument, which was the largest part of a lone publish's
+    own Python (benchmarks/README.md); a command with any other is left to
+    redis-py."""
+    parts: list[bytes] = []
+    for command in commands:
+        parts.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is bytes:
+                data = arg
+            elif kind is str:
+                data = arg.encode()
+            elif kind is int:
+                data = b"%d" % arg
+            else:
+                return list(connection.pack_commands(commands))
+            parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return [b"".join(parts)]
 
 
 async def send_packed(connection: Any, packed: list[bytes]) -> None:
@@ -170,7 +194,7 @@ class InOrderConnection:
                 if confirmation is not None and confirmed is not None:
                     self._confirm_with(confirmation, [confirmed])
                 try:
-                    await send_packed(connection, connection.pack_commands(sent))
+                    await send_packed(connection, pack_commands(connection, sent))
                 except BaseException as exc:
                     await self._broken(connection, exc)
                     raise
@@ -234,7 +258,7 @@ class InOrderConnection:
             self._waiting.append((confirmation, loop.time() + self._timeout))
             self._confirm_with(confirmation, group)
             try:
-                await send_packed(connection, connection.pack_commands([command]))
+                await send_packed(connection, pack_commands(connection, [command]))
             except BaseException as exc:
                 await self._broken(connection, exc)
                 if not isinstance(exc, Exception):
