@@ -284,6 +284,8 @@ class Client:
         self._publish_gate = PublishGate(publish_flow_control or PublishFlowControl())
         self._limits = limits or Limits()
         self._publishers: dict[str, TopicPublisher] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        """The closes of publishers whose topic was deleted under them."""
         self._lookups: dict[str, asyncio.Future[TopicPublisher]] = {}
         self._handoffs: dict[str, int] = {}
         """Per topic: callers waiting on its lookup or behind those, not yet resumed."""
@@ -343,6 +345,7 @@ class Client:
             *([self._trimmer.aclose()] if self._trimmer is not None else []),
             *(subscriber.stop() for subscriber in list(self._subscribers)),
             *(publisher.aclose() for publisher in self._publishers.values()),
+            *list(self._retiring),
         )
         await self._backend.close()
 
@@ -827,7 +830,9 @@ class Client:
         the publishes): the next publish looks it up anew."""
         if self._publishers.get(publisher.topic.name) is publisher:
             del self._publishers[publisher.topic.name]
-            asyncio.get_running_loop().create_task(publisher.aclose())
+            closing = asyncio.get_running_loop().create_task(publisher.aclose())
+            self._retiring.add(closing)  # kept, and awaited by aclose()
+            closing.add_done_callback(self._retiring.discard)
 
     # --- subscribing -----------------------------------------------------------
     def subscribe(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from streamsub._cluster_server import _free_port_pair
 from streamsub.testing import RedisClusterServers, redis_cluster
 
 
@@ -53,7 +54,7 @@ def test_two_nodes_never_get_one_port(tmp_path: Path, monkeypatch: pytest.Monkey
     the first node, and the cluster built of one node twice: "Node config
     epoch is already non-zero", as a CI run once failed)."""
     real = random.randrange
-    repeated = real(20000, 30000)
+    repeated = _free_port_pair()
     picks = iter([repeated, repeated])
     monkeypatch.setattr(random, "randrange", lambda *args: next(picks, None) or real(*args))
     with redis_cluster(tmp_path, masters=2, replicas=0) as cluster:

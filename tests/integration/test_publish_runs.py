@@ -8,6 +8,7 @@ wrapped; Redis itself is not imitated.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Mapping
 
 import redis
@@ -153,3 +154,26 @@ async def test_publish_many_mixes_runs_and_keyed_messages_in_one_batch(
             entries = [tuple(map(int, i.split("-", 1)[1].split("-"))) for i in key_ids]
             assert len({i.split("-", 1)[0] for i in key_ids}) == 1, "a key on two partitions"
             assert entries == sorted(entries)
+
+
+async def test_a_run_whose_lengths_pass_the_batch_end_stores_nothing(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """append.lua checks a run's lengths against the batch (as struct.unpack's
+    'c0' did before runs carried their lengths first): a run of one whose
+    length says 101 bytes where 100 follow is refused, nothing stored; the
+    same run with the right length is stored."""
+    redis_client.flushall()
+    backend = _Recording(server.url)
+    try:
+        topic = await backend.create_topic(TopicRecord("short", 1, "", 0.0))
+        data = b"x" * 100
+        short = b"\x00\x00" + struct.pack(">II", 1, len(data) + 1) + data
+        results = await backend.append(topic, {0: short})
+        assert isinstance(results[0], StreamsubError), results
+        assert _stored(redis_client, "short", 1) == {}
+        right = b"\x00\x00" + struct.pack(">II", 1, len(data)) + data
+        (entry_id,) = (await backend.append(topic, {0: right}))[0]  # type: ignore[misc]
+        assert _stored(redis_client, "short", 1) == {f"0-{entry_id}": data}
+    finally:
+        await backend.close()

@@ -18,7 +18,12 @@ import streamsub
 from streamsub._backends.base import Link, TopicRecord
 from streamsub._core.codec import encode
 from streamsub._engine.publisher import MAX_IN_FLIGHT, PublishGate, TopicPublisher
-from streamsub._errors import StreamsubError
+from streamsub._errors import (
+    OrderingKeyPausedError,
+    StreamsubError,
+    TopicNotFoundError,
+    UnavailableError,
+)
 from streamsub.testing import RedisServer
 from tests._layout import TEST_BACKEND, stream_key
 from tests._wait import until
@@ -60,6 +65,24 @@ class _Gated(TEST_BACKEND):
         self.started += 1
         await self.gate.wait()
         return await super().append(topic, batch, links)
+
+
+class _GatedFailing(TEST_BACKEND):
+    """Appends wait until the gate opens, then raise ``error``."""
+
+    def __init__(self, url: str, error: StreamsubError) -> None:
+        super().__init__(url)
+        self.gate = asyncio.Event()
+        self.error = error
+
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
+        await self.gate.wait()
+        raise self.error
 
 
 def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
@@ -164,3 +187,61 @@ async def test_publish_waits_for_room_while_the_queue_is_full(
     for k in range(3):
         expected = [f"{c}:{i}".encode() for c in range(total) for i in range(10) if i % 3 == k]
         assert stored[f"key-{k}"] == expected, f"key-{k} out of order"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [UnavailableError("the connection was lost"), TopicNotFoundError("the topic was deleted")],
+    ids=["lost", "deleted"],
+)
+async def test_single_publishes_fail_with_the_write_error_and_give_their_room_back(
+    server: RedisServer, error: StreamsubError
+) -> None:
+    """60 publishes of one message (each its own future, no waiter: submit_one),
+    every other one keyed on 5 keys, in flight and queued behind writes that
+    fail, 10 of them cancelled while queued: every other one fails with the
+    write's error (a keyed one queued behind its key's failure: with
+    OrderingKeyPausedError), the cancelled stay cancelled, every key pauses,
+    nothing stays queued or counted in flow control; a deleted topic is
+    reported once (on_gone), and the publisher then refuses with it."""
+    backend = _GatedFailing(server.url, error)
+    gate = PublishGate(streamsub.PublishFlowControl())
+    gone: list[TopicPublisher] = []
+    try:
+        topic = await backend.create_topic(TopicRecord("failing", 4, "", 0.0))
+        publisher = TopicPublisher(
+            backend, topic, streamsub.BatchSettings(max_messages=10), gate=gate, on_gone=gone.append
+        )
+        futures: list[asyncio.Future[str]] = []
+        for i in range(60):
+            key = f"key-{i % 5}" if i % 2 else None
+            future = publisher.submit_one(encode(b"m%d" % i, key, max_bytes=2**20))
+            assert future is not None
+            futures.append(future)
+            if i % 10 == 9:
+                await asyncio.sleep(0)  # writes start; the later publishes queue behind
+        cancelled = futures[35:45]
+        for future in cancelled:
+            future.cancel()
+        backend.gate.set()
+        async with asyncio.timeout(10):
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        for i, (future, result) in enumerate(zip(futures, results, strict=True)):
+            if future in cancelled:
+                assert isinstance(result, asyncio.CancelledError), (i, result)
+            elif i % 2 == 0:
+                assert result is error, (i, result)
+            else:
+                assert result is error or isinstance(result, OrderingKeyPausedError), (i, result)
+        assert all(publisher.paused(f"key-{k}") for k in range(5))
+        assert publisher.queued == (0, 0)
+        assert gate.outstanding == (0, 0)
+        await publisher.aclose()
+        if isinstance(error, TopicNotFoundError):
+            assert gone == [publisher]
+            with pytest.raises(TopicNotFoundError, match="the topic was deleted"):
+                publisher.submit_one(encode(b"late", max_bytes=2**20))
+        else:
+            assert gone == []
+    finally:
+        await backend.close()

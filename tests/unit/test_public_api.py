@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import inspect
 import re
 
 import pytest
@@ -234,3 +235,6 @@ def test_outgoing_message_is_a_frozen_keyword_only_value() -> None:
     changed = dataclasses.replace(message, attributes={"a": "1"})
     assert (changed.data, changed.ordering_key, changed.attributes) == (b"x", "k", {"a": "1"})
     assert not hasattr(message, "__dict__")
+    # A field added to the dataclass must be added to the hand-written __init__ too.
+    fields = {field.name for field in dataclasses.fields(streamsub.OutgoingMessage)}
+    assert set(inspect.signature(streamsub.OutgoingMessage).parameters) == fields

@@ -316,6 +316,7 @@ class TopicPublisher:
         its publishes fail (the client then looks the topic up anew)."""
         self._backend = backend
         self._on_gone = on_gone
+        self._gone_error: str | None = None
         self._topic = topic
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
@@ -385,7 +386,7 @@ class TopicPublisher:
         once, and return the future of their ids; None when the call must wait
         for room (then :meth:`publish` it). Raises as :meth:`publish` does."""
         if self._closed:
-            raise ClosedError("the publisher is closed; publish before closing the client")
+            raise self._closed_error()
         if self._paused.keys:
             self._check_paused(messages)
         size = messages[0].size if len(messages) == 1 else sum([m.size for m in messages])
@@ -397,7 +398,7 @@ class TopicPublisher:
         """:meth:`submit` of one message: the future of its id (no list of ids,
         no waiter to fill: a single publish is most publishes)."""
         if self._closed:
-            raise ClosedError("the publisher is closed; publish before closing the client")
+            raise self._closed_error()
         key = message.ordering_key
         if key is not None and key in self._paused:
             raise OrderingKeyPausedError(self._topic.name, key)
@@ -469,7 +470,7 @@ class TopicPublisher:
         failed the call (the rest then gives its room back).
         """
         if self._closed:
-            raise ClosedError("the publisher is closed; publish before closing the client")
+            raise self._closed_error()
         count = len(datas)
         self._entering += 1  # a closing flusher waits for the rest of the call
         try:
@@ -772,16 +773,20 @@ class TopicPublisher:
             results = await self._backend.append(self._topic, payload, links)
         except StreamsubError as exc:  # outcome unknown: every publish of the batch fails
             if isinstance(exc, TopicNotFoundError):
-                self._gone()
+                self._gone(exc)
             for partition in batch:
                 self._failures.setdefault(partition, exc)
             self._fail_batch(ready, exc)
-            self._drop_queued(exc if isinstance(exc, UnavailableError) else None)
+            # A lost connection or a deleted topic fails what is queued too.
+            self._drop_queued(
+                exc if isinstance(exc, UnavailableError | TopicNotFoundError) else None
+            )
             return
         except BaseException as exc:
             self._fail_batch(ready, self._unexpected(exc))
             raise
         failed_keys: list[str | None] = []
+        gone: TopicNotFoundError | None = None
         stored = 0
         for partition, messages in batch.items():
             result = results[partition]
@@ -793,7 +798,7 @@ class TopicPublisher:
                 failed_keys += self._fail(messages, self._failures.get(partition, result))
             elif isinstance(result, StreamsubError):
                 if isinstance(result, TopicNotFoundError):
-                    self._gone()
+                    gone = result
                 self._failures.setdefault(partition, result)
                 failed_keys += self._fail(messages, result)
             else:
@@ -818,13 +823,25 @@ class TopicPublisher:
         if stored:
             metrics.on_published(self._topic.name, stored)
         self._gate.release(ready.messages, ready.size)
+        if gone is not None:
+            self._gone(gone)
         if failed_keys:
             self._pause(failed_keys)
-            self._drop_queued(None)
+            # A deleted topic: nothing queued can be stored in it (and, were it
+            # made anew, not by this publisher's record of it).
+            self._drop_queued(gone)
 
-    def _gone(self) -> None:
-        if self._on_gone is not None:
-            self._on_gone(self)
+    def _gone(self, exc: TopicNotFoundError) -> None:
+        """The topic was deleted: say so once; later publishes here raise it."""
+        if self._gone_error is None:
+            self._gone_error = str(exc)
+            if self._on_gone is not None:
+                self._on_gone(self)
+
+    def _closed_error(self) -> StreamsubError:
+        if self._gone_error is not None:  # a caller that took this publisher before
+            return TopicNotFoundError(self._gone_error)
+        return ClosedError("the publisher is closed; publish before closing the client")
 
     async def aclose(self) -> None:
         """Write what is queued, then stop."""

@@ -55,13 +55,20 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+_OWN_BUFFER = 6000
+"""An argument longer than this is a buffer of its own in what :func:`pack_commands`
+returns, as redis-py's packer does: the socket's ``writelines`` sends it as it is."""
+
+
 def pack_commands(connection: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
-    """``commands`` in RESP, as ``connection.pack_commands`` packs them, in one
-    buffer. Arguments of ``bytes``, ``str`` (UTF-8) and ``int``, the types
-    appends and confirmations are made of, are packed here, without redis-py's
-    encoder call per argument, which was the largest part of a lone publish's
-    own Python (benchmarks/README.md); a command with any other is left to
-    redis-py."""
+    """``commands`` in RESP: the bytes ``connection.pack_commands`` packs.
+
+    Arguments of ``bytes``, ``str`` (UTF-8) and ``int``, the types appends and
+    confirmations are made of, are packed here, without redis-py's encoder
+    call per argument, the largest part of a lone publish's own Python
+    (benchmarks/README.md, "A lone publish, counted"); a command with any
+    other is left to redis-py."""
+    packed: list[bytes] = []
     parts: list[bytes] = []
     for command in commands:
         parts.append(b"*%d\r\n" % len(command))
@@ -75,8 +82,14 @@ def pack_commands(connection: Any, commands: list[tuple[Any, ...]]) -> list[byte
                 data = b"%d" % arg
             else:
                 return list(connection.pack_commands(commands))
-            parts += (b"$%d\r\n" % len(data), data, b"\r\n")
-    return [b"".join(parts)]
+            if len(data) > _OWN_BUFFER:  # a batch: not copied into a joined buffer
+                parts.append(b"$%d\r\n" % len(data))
+                packed += (b"".join(parts), data)
+                parts = [b"\r\n"]
+            else:
+                parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    packed.append(b"".join(parts))
+    return packed
 
 
 async def send_packed(connection: Any, packed: list[bytes]) -> None:

@@ -50,6 +50,8 @@ while pos <= last do
     for _ = 1, run do
       local size
       size, pos = struct_unpack('>I4', blob, pos)
+      -- As struct.unpack's 'c0' did: a length past the batch's end is an error.
+      assert(at + size - 1 <= last, 'a run whose lengths pass the end of the batch')
       count = count + 1
       ids[count] = call('XADD', key, '*', 'd', sub(blob, at, at + size - 1))
       at = at + size
