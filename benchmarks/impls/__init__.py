@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-adaptive": "impls.streamsub_prev:StreamsubAdaptive",
     "streamsub-pre-recv": "impls.streamsub_prev:StreamsubBeforeReceivePath",
     "streamsub-pre-runs": "impls.streamsub_prev:StreamsubBeforeDataRuns",
+    "streamsub-pre-lone": "impls.streamsub_prev:StreamsubBeforeLonePublish",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

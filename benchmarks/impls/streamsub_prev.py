@@ -156,3 +156,14 @@ class StreamsubBeforeDataRuns(StreamsubPrevious):
     name = "streamsub-pre-runs"
     commit: ClassVar[str] = "ce8a04d"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubBeforeLonePublish(StreamsubPrevious):
+    """streamsub at ``67a0c2f``, before a publish of one message queued itself
+    without a waiter (``submit_one``), runs carried their lengths first, the
+    in-order connection packed its own commands and ``OutgoingMessage`` got its
+    own ``__init__``: the "before" of "A lone publish, counted", in the same run."""
+
+    name = "streamsub-pre-lone"
+    commit: ClassVar[str] = "67a0c2f"
+    _extracted: ClassVar[Path | None] = None
