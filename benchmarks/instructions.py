@@ -19,6 +19,9 @@ Paths (100-byte messages, a 16-partition topic):
 * ``many100``, ``many1000``: ``publish_many`` of 100 or 1,000
   ``OutgoingMessage``, one call after the other;
 * ``pipelined``: the hand-written loop, ``XADD`` pipelined 200 at a time;
+* ``futures500``: 500 workers each awaiting a bare future that a task
+  resolves once a loop iteration, no server: what any awaited call costs,
+  the floor under ``workers500``;
 * ``consume``: one subscriber (``FlowControl(max_messages=1000)``, an
   ``async def`` handler keeping each body) taking a backlog published before
   it starts; ``consume-handwritten``: ``XREADGROUP COUNT 500`` and one
@@ -60,10 +63,11 @@ PATHS = (
     "many100",
     "many1000",
     "pipelined",
+    "futures500",
     "consume",
     "consume-handwritten",
 )
-HANDWRITTEN = ("xadd", "pipelined", "consume-handwritten")
+HANDWRITTEN = ("xadd", "pipelined", "futures500", "consume-handwritten")
 """Paths that do not run streamsub: counted once, not per revision."""
 ROUND_TRIP_PATHS = ("each", "xadd")
 BODY = b"x" * 100
@@ -75,6 +79,9 @@ SUBSCRIPTION = "bench-sub"
 async def _child(path: str, n: int, url: str) -> None:
     import redis.asyncio as aioredis
 
+    if path == "futures500":
+        await _futures(n, 500)
+        return
     if path in HANDWRITTEN:
         redis = aioredis.Redis.from_url(url)
         try:
@@ -133,6 +140,36 @@ async def _child(path: str, n: int, url: str) -> None:
                 await done.wait()
         else:
             raise SystemExit(f"unknown path {path!r}")
+
+
+async def _futures(n: int, workers: int) -> None:
+    """``workers`` coroutines awaiting bare futures, resolved a loop iteration at a time."""
+    loop = asyncio.get_running_loop()
+    pending: list[asyncio.Future[str]] = []
+    done = False
+
+    async def resolver() -> None:
+        while not done:
+            batch, pending[:] = list(pending), []
+            for future in batch:
+                future.set_result("0-1")
+            await asyncio.sleep(0)
+
+    def bare() -> asyncio.Future[str]:
+        future = loop.create_future()
+        pending.append(future)
+        return future
+
+    task = loop.create_task(resolver())
+    sequence = iter(range(n))
+
+    async def worker() -> None:
+        for _ in sequence:
+            await bare()
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    done = True
+    await task
 
 
 async def _prepare(path: str, n: int, url: str) -> None:
