@@ -80,7 +80,10 @@ async def _child(path: str, n: int, url: str) -> None:
     import redis.asyncio as aioredis
 
     if path == "futures500":
-        await _futures(n, 500)
+        sys.path.insert(1, str(BENCH_DIR))  # behind --src: streamsub stays that tree's
+        from publish_profile import bare_futures
+
+        await bare_futures(n, 500)
         return
     if path in HANDWRITTEN:
         redis = aioredis.Redis.from_url(url)
@@ -140,36 +143,6 @@ async def _child(path: str, n: int, url: str) -> None:
                 await done.wait()
         else:
             raise SystemExit(f"unknown path {path!r}")
-
-
-async def _futures(n: int, workers: int) -> None:
-    """``workers`` coroutines awaiting bare futures, resolved a loop iteration at a time."""
-    loop = asyncio.get_running_loop()
-    pending: list[asyncio.Future[str]] = []
-    done = False
-
-    async def resolver() -> None:
-        while not done:
-            batch, pending[:] = list(pending), []
-            for future in batch:
-                future.set_result("0-1")
-            await asyncio.sleep(0)
-
-    def bare() -> asyncio.Future[str]:
-        future = loop.create_future()
-        pending.append(future)
-        return future
-
-    task = loop.create_task(resolver())
-    sequence = iter(range(n))
-
-    async def worker() -> None:
-        for _ in sequence:
-            await bare()
-
-    await asyncio.gather(*(worker() for _ in range(workers)))
-    done = True
-    await task
 
 
 async def _prepare(path: str, n: int, url: str) -> None:

@@ -49,12 +49,14 @@ class _FailsOnce(TEST_BACKEND):
 
 
 class _Gated(TEST_BACKEND):
-    """Appends wait until the gate opens: a backend that has gone slow."""
+    """Appends wait until the gate opens (a backend that has gone slow), then
+    raise ``error`` if one is given."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, error: StreamsubError | None = None) -> None:
         super().__init__(url)
         self.gate = asyncio.Event()
         self.started = 0
+        self.error = error
 
     async def append(
         self,
@@ -64,25 +66,9 @@ class _Gated(TEST_BACKEND):
     ) -> dict[int, list[str] | StreamsubError]:
         self.started += 1
         await self.gate.wait()
+        if self.error is not None:
+            raise self.error
         return await super().append(topic, batch, links)
-
-
-class _GatedFailing(TEST_BACKEND):
-    """Appends wait until the gate opens, then raise ``error``."""
-
-    def __init__(self, url: str, error: StreamsubError) -> None:
-        super().__init__(url)
-        self.gate = asyncio.Event()
-        self.error = error
-
-    async def append(
-        self,
-        topic: TopicRecord,
-        batch: Mapping[int, bytes],
-        links: Mapping[int, Link] | None = None,
-    ) -> dict[int, list[str] | StreamsubError]:
-        await self.gate.wait()
-        raise self.error
 
 
 def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
@@ -204,7 +190,7 @@ async def test_single_publishes_fail_with_the_write_error_and_give_their_room_ba
     OrderingKeyPausedError), the cancelled stay cancelled, every key pauses,
     nothing stays queued or counted in flow control; a deleted topic is
     reported once (on_gone), and the publisher then refuses with it."""
-    backend = _GatedFailing(server.url, error)
+    backend = _Gated(server.url, error)
     gate = PublishGate(streamsub.PublishFlowControl())
     gone: list[TopicPublisher] = []
     try:
