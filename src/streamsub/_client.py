@@ -826,8 +826,8 @@ class Client:
         self._publish_gate.watch_pauses(callback)
 
     def _forget_publisher(self, publisher: TopicPublisher) -> None:
-        """The topic was deleted under the publisher (it says so before it fails
-        the publishes): the next publish looks it up anew."""
+        """The topic was deleted under the publisher (it says so before the
+        callers of the failed publishes resume): the next publish looks it up anew."""
         if self._publishers.get(publisher.topic.name) is publisher:
             del self._publishers[publisher.topic.name]
             closing = asyncio.get_running_loop().create_task(publisher.aclose())

@@ -18,7 +18,8 @@ publish with them until ``resume``. Messages without a key and other keys flow
 on. A lost connection (:class:`UnavailableError`) also fails every publish
 still queued, pausing their keys too, so that a publish on a dead connection
 fails within one socket timeout rather than one per batch queued ahead of it;
-its messages may or may not be stored.
+its messages may or may not be stored. So does a deleted topic
+(:class:`TopicNotFoundError`): nothing queued could be stored in it.
 
 Redis runs the writes in flight in order, but one answered with an error (out
 of memory, read-only replica) does not stop those sent behind it, which would
@@ -312,8 +313,9 @@ class TopicPublisher:
         clock: Callable[[], float] = time.monotonic,
         on_gone: Callable[[TopicPublisher], None] | None = None,
     ) -> None:
-        """``on_gone(self)``: called when a write finds the topic deleted, before
-        its publishes fail (the client then looks the topic up anew)."""
+        """``on_gone(self)``: called once, when a write finds the topic deleted,
+        before the callers of its publishes resume (the client then looks the
+        topic up anew)."""
         self._backend = backend
         self._on_gone = on_gone
         self._gone_error: str | None = None
