@@ -252,10 +252,11 @@ def main() -> None:
                 if path in ROUND_TRIP_PATHS:
                     sizes = (args.small // 10, args.large // 10)
                 counted: dict[str, Any] = {}
-                for name, src in trees.items():
-                    if path in HANDWRITTEN and counted:
-                        break
-                    counted[name] = _count(src, path, sizes, url)
+                if path in HANDWRITTEN:  # no streamsub in it: counted once
+                    counted["hand-written"] = _count(ROOT / "src", path, sizes, url)
+                else:
+                    for name, src in trees.items():
+                        counted[name] = _count(src, path, sizes, url)
                 figures = " · ".join(f"{name} {count:,}" for name, count in counted.items())
                 print(f"  {path:<20} {figures}", flush=True)
 
