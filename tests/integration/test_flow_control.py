@@ -78,13 +78,10 @@ def _rss_bytes() -> int:
 async def test_max_messages_50_over_a_backlog_of_100000(client: streamsub.Client) -> None:
     """A backlog of 100,000 messages over 10 partitions, max_messages=50: sampled
     throughout, never more than 50 handlers at once and never more than 50
-    messages held unacked; reading pauses at full load (and resumes); the
-    process's memory stays flat from the first 10,000 to the last.
-
-    10 partitions, so that a read (an equal share of the room from each: 5)
-    fills the budget: over 8, reads of 48 reached full load only when a second
-    small read came in time, 1 to 5 samples of about 430 saw reading paused,
-    and the test failed when none did."""
+    messages held unacked; reading pauses at full load and resumes, again and
+    again (``pauses`` counts each pause: sampling ``paused`` saw a pause in 0
+    to 13 of about 400 samples, the pauses being short, and failed when it saw
+    none); the process's memory stays flat from the first 10,000 to the last."""
     await client.create_topic("backlog", partitions=10)
     await client.create_subscription("backlog-sub", topic="backlog")
     payload = b"x" * 200
@@ -104,25 +101,25 @@ async def test_max_messages_50_over_a_backlog_of_100000(client: streamsub.Client
             rss_after_warmup = _rss_bytes()
 
     held: list[int] = []
-    paused = 0
     flow = streamsub.FlowControl(max_messages=50)
     async with client.subscribe("backlog-sub", handler, flow_control=flow) as sub:
 
         def sample() -> bool:
-            nonlocal paused
             stats = sub.statistics()
             held.append(stats.flow.outstanding_messages)
-            paused += stats.flow.paused
             return stats.acked == 100_000
 
         await until(sample, 240, "all 100,000 acked")
+        pauses = sub.statistics().flow.pauses
     growth = _rss_bytes() - rss_after_warmup
     assert handled == 100_000
     assert most_running <= 50
     assert max(held) <= 50, max(held)
     assert max(held) >= 40  # the budget was used, not starved
     assert most_running >= 40
-    assert 0 < paused < len(held), "reading never paused at full load, or never resumed"
+    # A second pause follows a resume. (Measured: 122 to 205 pauses on one server,
+    # about 2,300 on a cluster, whose slower handlers keep the budget full.)
+    assert pauses >= 2, f"reading paused {pauses} times at full load, or never resumed"
     assert growth < 30 * 2**20, f"memory grew by {growth / 2**20:.1f} MiB"
 
 

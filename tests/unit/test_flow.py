@@ -176,11 +176,11 @@ def test_finished_releases_bytes_and_admits_what_now_fits() -> None:
     """Finishing a message frees its bytes and starts held messages that now fit."""
     flow = controller(max_bytes=100)
     flow.received([("a", 50), ("b", 50), ("c", 40), ("d", 20)])
-    assert flow.statistics() == FlowStatistics(4, 160, 2, 100, 2, paused=True)
+    assert flow.statistics() == FlowStatistics(4, 160, 2, 100, 2, paused=True, pauses=1)
     assert flow.finished(50) == ["c"]
-    assert flow.statistics() == FlowStatistics(3, 110, 2, 90, 1, paused=True)
+    assert flow.statistics() == FlowStatistics(3, 110, 2, 90, 1, paused=True, pauses=1)
     assert flow.finished(50) == ["d"]
-    assert flow.statistics() == FlowStatistics(2, 60, 2, 60, 0)  # 60 %: reads again
+    assert flow.statistics() == FlowStatistics(2, 60, 2, 60, 0, pauses=1)  # 60 %: reads again
 
 
 def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
@@ -189,7 +189,7 @@ def test_finished_without_starting_only_releases_the_outstanding_slot() -> None:
     flow.received([("a", 8), ("b", 8)])
     assert flow.drain_hold() == ["b"]
     assert flow.finished(8, started=False) == []
-    assert flow.statistics() == FlowStatistics(1, 8, 1, 8, 0, paused=True)
+    assert flow.statistics() == FlowStatistics(1, 8, 1, 8, 0, paused=True, pauses=1)
 
 
 def test_drain_hold_takes_every_held_message_in_order() -> None:
@@ -198,7 +198,7 @@ def test_drain_hold_takes_every_held_message_in_order() -> None:
     flow.received([("a", 1), ("b", 1), ("c", 1)])
     assert flow.drain_hold() == ["b", "c"]
     assert flow.drain_hold() == []
-    assert flow.statistics() == FlowStatistics(3, 3, 1, 1, 0, paused=True)
+    assert flow.statistics() == FlowStatistics(3, 3, 1, 1, 0, paused=True, pauses=1)
 
 
 def test_drained_messages_stay_outstanding_until_finished() -> None:
@@ -377,6 +377,27 @@ def test_reading_pauses_at_full_load_and_resumes_below_80_percent() -> None:
     assert not flow.statistics().paused
     flow.received([("x", 1), ("y", 1), ("z", 1)], grant)
     assert flow.statistics().paused  # full again
+    assert flow.statistics().pauses == 2
+
+
+def test_pauses_counts_each_pause_once() -> None:
+    """``pauses`` counts a pause when reading stops at full load, not each read or
+    handler while it lasts, and again only after reading resumed: what tells a
+    subscriber that reached full load (and came back from it) from one that never
+    did, however briefly each pause lasted."""
+    flow = warmed(10)
+    assert flow.statistics().pauses == 0
+    _fill(flow, 10)
+    flow.received([], flow.reserve(5))  # refused at full load: still the same pause
+    flow.finished(1)
+    flow.finished(1)  # 80 %: not resumed
+    assert flow.reserve(2) == Grant(0, 0)
+    assert flow.statistics().pauses == 1
+    flow.finished(1)
+    flow.received([("x", 1)], flow.reserve(1))  # resumed at 70 %, not full again
+    assert flow.statistics().pauses == 1
+    flow.received([("y", 1), ("z", 1)], flow.reserve(2))  # full again
+    assert flow.statistics().pauses == 2
 
 
 def test_below_full_load_reads_are_granted_as_before() -> None:

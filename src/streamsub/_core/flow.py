@@ -74,6 +74,9 @@ class FlowStatistics:
     on_hold: int
     paused: bool = False
     """Reading is paused: the budget was full and the load is not yet below 80 %."""
+    pauses: int = 0
+    """Times reading paused at full load since the subscriber started (each after
+    the last resumed): a paused subscriber is short-lived, this one is not."""
 
 
 class FlowController(Generic[T]):
@@ -87,6 +90,7 @@ class FlowController(Generic[T]):
         "_outstanding",
         "_outstanding_bytes",
         "_paused",
+        "_pauses",
         "_priority",
         "_reserved",
         "_reserved_bytes",
@@ -106,6 +110,7 @@ class FlowController(Generic[T]):
         self._estimate = settings.max_bytes  # until a read shows the real size
         self._priority = False
         self._paused = False
+        self._pauses = 0
         self._hold: collections.deque[tuple[T, int]] = collections.deque()
 
     @property
@@ -184,8 +189,11 @@ class FlowController(Generic[T]):
         count = len(items) + len(aside)
         self._outstanding += count
         self._outstanding_bytes += total
-        if self._outstanding >= self._max_messages or self._outstanding_bytes >= self._max_bytes:
+        if (
+            self._outstanding >= self._max_messages or self._outstanding_bytes >= self._max_bytes
+        ) and not self._paused:
             self._paused = True  # full load: the next read waits for 80 %
+            self._pauses += 1
         if count:
             self._estimate = max(1, total // count)
         if not self._hold:  # the usual case: all of them fit, start them as they are
@@ -251,6 +259,7 @@ class FlowController(Generic[T]):
             self._running_bytes,
             len(self._hold),
             self._paused and self.load() >= RESUME_THRESHOLD,
+            self._pauses,
         )
 
     def _admit(self) -> list[T]:
