@@ -10,7 +10,7 @@ the server refused.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple, Protocol
 
 from .._core.retention import Retention
@@ -284,6 +284,13 @@ class Backend(Protocol):
         Raises (rather than answers) when the outcome is unknown, as on a broken
         connection: then each partition's write may or may not be stored.
         """
+        ...
+
+    def write_groups(self, topic: TopicRecord, partitions: Iterable[int]) -> list[list[int]] | None:
+        """``partitions`` grouped by the server that holds each (as far as the
+        backend knows without asking), for a write that spans them to go as one
+        :meth:`append` per group, each answered when its server answers; None
+        when one server holds them all (or the backend cannot tell)."""
         ...
 
     async def read(

@@ -9,6 +9,9 @@ is full, a write comes back, or its oldest message has waited
 under load batches grow by themselves and round trips stay few. Up to four
 batches are in flight, sent one behind the other on one connection, which
 Redis runs in order: messages of one ordering key stay in publish order.
+On Redis Cluster a batch goes as one write per master (``write_groups``), so a
+master that is down or slow holds back only its own partitions' publishes
+(until the batches waiting for it fill the four in flight).
 
 A write that fails fails the publishes of its messages with the backend's
 error (per partition: a batch's other partitions may be stored) and pauses
@@ -30,9 +33,10 @@ only if that one was stored: a failure on a partition also fails the writes
 already in flight behind it (at most ``MAX_IN_FLIGHT - 1``; their publishes get
 the same error and their keys pause), and no new write starts until those have
 come back. Publish order per key holds through any failure. A write's results
-may come back before those of the write it is linked after (on Redis Cluster a
-write waits for every node it spans): the linked write then waits for that one's
-results, so that its publishes get that write's error, not the link's.
+may come back before those of the write it is linked after (on Redis Cluster,
+after a partition's slot moved, the two went to different nodes): the linked
+write then waits for that one's results, so that its publishes get that
+write's error, not the link's.
 
 A large ``publish_many`` of messages that are data alone (no ordering key, no
 attributes: most of them) is packed a chunk at a time, and each chunk goes to a
@@ -329,8 +333,13 @@ class TopicPublisher:
         self._key_partitions: dict[str, int] = {}
         self._paused = PausedKeys()
         self._ready: collections.deque[_Ready] = collections.deque()
-        self._in_flight: set[asyncio.Task[None]] = set()
-        """The writes started and not yet done."""
+        self._in_flight: dict[asyncio.Task[None], int] = {}
+        """The writes started and not yet done, each with the serial number of
+        its batch (a batch over several nodes goes as one write per node)."""
+        self._writing: collections.Counter[int] = collections.Counter()
+        """Per batch being written, its writes in flight: batches count towards
+        ``MAX_IN_FLIGHT``, not writes (a cluster's nodes write in parallel)."""
+        self._batches = 0
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
@@ -491,7 +500,7 @@ class TopicPublisher:
                     self._queue_chunk(datas, sizes, size, start, end, waiter)
                     start, chunk = end, min(chunk * 2, self._max_batch)
                     if start < count:
-                        writes = len(self._in_flight) + len(self._ready)
+                        writes = len(self._writing) + len(self._ready)
                         if writes < MAX_IN_FLIGHT and len(self._batcher):
                             self._close_batch()
                         self._wake.set()
@@ -720,15 +729,19 @@ class TopicPublisher:
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        in_flight = self._in_flight = set()  # a flusher that died left its own
+        in_flight = self._in_flight = {}  # a flusher that died left its own
+        writing = self._writing = collections.Counter()
         while True:
             for task in [task for task in in_flight if task.done()]:
-                in_flight.discard(task)
+                serial = in_flight.pop(task)
+                writing[serial] -= 1
+                if not writing[serial]:
+                    del writing[serial]
                 task.result()  # a write that died takes the flusher with it
             if self._failures and not in_flight and not self._unsettled:
                 self._failures.clear()  # every write linked to a failed one is back
             if self._ready:
-                if len(in_flight) >= MAX_IN_FLIGHT or self._failures:
+                if len(writing) >= MAX_IN_FLIGHT or self._failures:
                     if in_flight:
                         await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     else:  # done, but their callbacks have not unlinked them yet: a
@@ -739,13 +752,16 @@ class TopicPublisher:
                 ready = self._ready.popleft()
                 self._queued_messages -= ready.messages
                 self._queued_bytes -= ready.size
-                links = self._links(ready)
-                task = loop.create_task(self._write(ready, links))
-                number = next(iter(links.values())).number
-                task.add_done_callback(functools.partial(self._write_done, list(links), number))
-                in_flight.add(task)
+                self._batches += 1
+                for part in self._per_node(ready):
+                    links = self._links(part)
+                    task = loop.create_task(self._write(part, links))
+                    number = next(iter(links.values())).number
+                    task.add_done_callback(functools.partial(self._write_done, list(links), number))
+                    in_flight[task] = self._batches
+                    writing[self._batches] += 1
                 continue
-            due = self._batcher.due(len(in_flight))
+            due = self._batcher.due(len(writing))
             if due is None:
                 if self._closed and not self._entering:
                     if not in_flight:
@@ -767,6 +783,28 @@ class TopicPublisher:
                     timer.cancel()
                 continue
             self._close_batch()
+
+    def _per_node(self, ready: _Ready) -> list[_Ready]:
+        """``ready`` split into one write per node that holds its partitions
+        (Kafka's producer sends one request per broker), so that each part's
+        publishes return when their node answers: a node that is down or slow
+        holds back only its own partitions' publishes. On one server, and for
+        a batch of one partition, the batch as it is."""
+        batch = ready.batch
+        groups = self._backend.write_groups(self._topic, batch) if len(batch) > 1 else None
+        if groups is None:
+            return [ready]
+        parts = []
+        messages, size = ready.messages, ready.size
+        for group in groups[:-1]:
+            part = {p: batch[p] for p in group}
+            tokens = [token for entries in part.values() for _, token in entries]
+            count, part_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
+            parts.append(_Ready(part, count, part_size))
+            messages -= count
+            size -= part_size
+        parts.append(_Ready({p: batch[p] for p in groups[-1]}, messages, size))
+        return parts
 
     async def _write(self, ready: _Ready, links: dict[int, Link]) -> None:
         batch = ready.batch

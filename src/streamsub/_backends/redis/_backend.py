@@ -14,7 +14,7 @@ import re
 import socket
 import ssl
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal, TypeVar
 
@@ -833,6 +833,9 @@ class RedisBackend:
                     if not isinstance(results[partitions[i]], StreamsubError):
                         results[partitions[i]] = error
         return results
+
+    def write_groups(self, topic: TopicRecord, partitions: Iterable[int]) -> list[list[int]] | None:
+        return None  # one server
 
     def _wakes(self) -> bool:
         """Whether appends announce themselves on their partition's wake-up

@@ -112,7 +112,7 @@ import logging
 import os
 import random
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.exceptions as rexc
@@ -344,6 +344,7 @@ class _ClusterAppender:
         self._timeout = timeout
         self._lock = asyncio.Lock()
         self._slot_node: dict[int, str] = {}
+        self._key_slots: dict[str, int] = {}
         self._connections: dict[str, InOrderConnection] = {}
         self._refresh = False
         self._tails: dict[int, asyncio.Event] = {}
@@ -366,6 +367,13 @@ class _ClusterAppender:
                 health_check_interval=HEALTH_CHECK_INTERVAL,
             )
         return connection
+
+    def node_of(self, key: str) -> str | None:
+        """The node this appender last routed ``key``'s slot to, if any."""
+        slot = self._key_slots.get(key)
+        if slot is None:
+            slot = self._key_slots[key] = key_slot(key)
+        return self._slot_node.get(slot)
 
     async def _node_for(self, slot: int) -> str:
         name = self._slot_node.get(slot)
@@ -729,6 +737,17 @@ class RedisClusterBackend(RedisBackend):
         if len(keyed) < len(calls):
             return await super()._pipelined(calls)
         return await self._router.run(keyed, resend=resend)
+
+    def write_groups(self, topic: TopicRecord, partitions: Iterable[int]) -> list[list[int]] | None:
+        """By the master the appender last routed each partition's slot to;
+        partitions it has no node for (never written, or their node's
+        connection broke) make a group of their own."""
+        keys = self._keys(topic)
+        node_of = self._appender.node_of
+        groups: dict[str | None, list[int]] = {}
+        for partition in partitions:
+            groups.setdefault(node_of(keys[partition]), []).append(partition)
+        return list(groups.values()) if len(groups) > 1 else None
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
