@@ -181,7 +181,7 @@ async def test_a_refused_write_answered_late_gives_its_error_to_the_writes_behin
     """With the server out of memory, two keys on two partitions publish two
     writes each, all four in flight at once (MAX_IN_FLIGHT), each key's second
     linked after its first; each first write comes back late (as on a cluster,
-    where a write waits for every node it spans), after the one behind it. Every
+    where the two can go to different nodes), after the one behind it. Every
     publish fails with the refused write's ResourceExhaustedError, not the
     link's internal BrokenLinkError, and nothing is stored."""
     admin = redis_client

@@ -286,11 +286,13 @@ class Backend(Protocol):
         """
         ...
 
-    def write_groups(self, topic: TopicRecord, partitions: Iterable[int]) -> list[list[int]] | None:
-        """``partitions`` grouped by the server that holds each (as far as the
-        backend knows without asking), for a write that spans them to go as one
-        :meth:`append` per group, each answered when its server answers; None
-        when one server holds them all (or the backend cannot tell)."""
+    def write_groups(
+        self, topic: TopicRecord, partitions: Iterable[int]
+    ) -> dict[str | None, list[int]] | None:
+        """``partitions`` by the server that holds each, as far as the backend
+        knows without asking (None: not known), for a write that spans them to
+        go as one :meth:`append` per server, each answered when its server
+        answers; None when there is one server."""
         ...
 
     async def read(

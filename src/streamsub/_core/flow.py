@@ -75,8 +75,9 @@ class FlowStatistics:
     paused: bool = False
     """Reading is paused: the budget was full and the load is not yet below 80 %."""
     pauses: int = 0
-    """Times reading paused at full load since the subscriber started (each after
-    the last resumed): a paused subscriber is short-lived, this one is not."""
+    """Times reading paused at full load since the subscriber started (a pause
+    counts once, however long; the next one after a read was granted below
+    80 %): ``paused`` is the moment, this count only grows."""
 
 
 class FlowController(Generic[T]):

@@ -7,11 +7,15 @@ timer. While writes are in flight, messages gather into the next batch until it
 is full, a write comes back, or its oldest message has waited
 ``BatchSettings.max_latency``: a write in flight is the batching window, so
 under load batches grow by themselves and round trips stay few. Up to four
-batches are in flight, sent one behind the other on one connection, which
+writes are in flight, sent one behind the other on one connection, which
 Redis runs in order: messages of one ordering key stay in publish order.
-On Redis Cluster a batch goes as one write per master (``write_groups``), so a
-master that is down or slow holds back only its own partitions' publishes
-(until the batches waiting for it fill the four in flight).
+
+On Redis Cluster a batch goes as one write per master (``write_groups``), and
+each master has its own four writes in flight, as Kafka's producer sends one
+request per broker with its own requests in flight: a master that is down or
+slow holds back only its own partitions' publishes. Writes start in order per
+partition (a write waits behind an earlier one that shares a partition with
+it and waits for its master), so per master.
 
 A write that fails fails the publishes of its messages with the backend's
 error (per partition: a batch's other partitions may be stored) and pauses
@@ -31,12 +35,12 @@ partition is linked (:class:`~streamsub._backends.base.Link`) to the
 publisher's previous write to it while that one is in flight, and Redis runs it
 only if that one was stored: a failure on a partition also fails the writes
 already in flight behind it (at most ``MAX_IN_FLIGHT - 1``; their publishes get
-the same error and their keys pause), and no new write starts until those have
-come back. Publish order per key holds through any failure. A write's results
-may come back before those of the write it is linked after (on Redis Cluster,
-after a partition's slot moved, the two went to different nodes): the linked
-write then waits for that one's results, so that its publishes get that
-write's error, not the link's.
+the same error and their keys pause), and no new write to the partition starts
+until those have come back. Publish order per key holds through any failure. A
+write's results may come back before those of the write it is linked after (on
+Redis Cluster, when the two went to different nodes: the slot moved, or the
+earlier one's node was not known yet): the linked write then waits for that
+one's results, so that its publishes get that write's error, not the link's.
 
 A large ``publish_many`` of messages that are data alone (no ordering key, no
 attributes: most of them) is packed a chunk at a time, and each chunk goes to a
@@ -297,11 +301,13 @@ class _Token(NamedTuple):
 
 
 class _Ready(NamedTuple):
-    """A closed batch waiting for its write."""
+    """A closed batch waiting for its write: on Redis Cluster, its messages for
+    one ``node`` (see :meth:`TopicPublisher._close_batch`)."""
 
     batch: Batch[_Token]
     messages: int
     size: int
+    node: str | None = None
 
 
 class TopicPublisher:
@@ -333,13 +339,12 @@ class TopicPublisher:
         self._key_partitions: dict[str, int] = {}
         self._paused = PausedKeys()
         self._ready: collections.deque[_Ready] = collections.deque()
-        self._in_flight: dict[asyncio.Task[None], int] = {}
-        """The writes started and not yet done, each with the serial number of
-        its batch (a batch over several nodes goes as one write per node)."""
-        self._writing: collections.Counter[int] = collections.Counter()
-        """Per batch being written, its writes in flight: batches count towards
-        ``MAX_IN_FLIGHT``, not writes (a cluster's nodes write in parallel)."""
-        self._batches = 0
+        self._in_flight: dict[asyncio.Task[None], str | None] = {}
+        """The writes started and not yet done, each with its node."""
+        self._busy: collections.Counter[str | None] = collections.Counter()
+        """Per node, its writes in flight: at most ``MAX_IN_FLIGHT`` each."""
+        self._nodes: set[str | None] = set()
+        """The nodes written to (one, None, on one server)."""
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
@@ -500,7 +505,7 @@ class TopicPublisher:
                     self._queue_chunk(datas, sizes, size, start, end, waiter)
                     start, chunk = end, min(chunk * 2, self._max_batch)
                     if start < count:
-                        writes = len(self._writing) + len(self._ready)
+                        writes = max(self._busy.values(), default=0) + len(self._ready)
                         if writes < MAX_IN_FLIGHT and len(self._batcher):
                             self._close_batch()
                         self._wake.set()
@@ -613,7 +618,8 @@ class TopicPublisher:
             start, rest = end, rest - run_size
 
     def _close_batch(self) -> None:
-        self._ready.append(_Ready(self._batcher.take(), self._open_messages, self._open_bytes))
+        ready = _Ready(self._batcher.take(), self._open_messages, self._open_bytes)
+        self._ready.extend(self._per_node(ready))
         self._open_messages = self._open_bytes = 0
         self._sticky.advance()
 
@@ -672,7 +678,7 @@ class TopicPublisher:
                 if keep:
                     batch[partition] = keep
             if batch:
-                kept.append(_Ready(batch, count, size))
+                kept.append(_Ready(batch, count, size, ready.node))
         self._ready = kept
         self._pause(failed_keys)
         self._queued_messages -= dropped
@@ -730,44 +736,31 @@ class TopicPublisher:
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
         in_flight = self._in_flight = {}  # a flusher that died left its own
-        writing = self._writing = collections.Counter()
+        busy = self._busy = collections.Counter()
         while True:
             for task in [task for task in in_flight if task.done()]:
-                serial = in_flight.pop(task)
-                writing[serial] -= 1
-                if not writing[serial]:
-                    del writing[serial]
+                node = in_flight.pop(task)
+                busy[node] -= 1
+                if not busy[node]:
+                    del busy[node]
                 task.result()  # a write that died takes the flusher with it
-            if self._failures and not in_flight and not self._unsettled:
-                self._failures.clear()  # every write linked to a failed one is back
+            if self._failures:
+                # A failed partition takes writes again once every write linked
+                # behind its failure is back (and unlinked: done callbacks ran).
+                for partition in [p for p in self._failures if not self._unsettled[p]]:
+                    del self._failures[partition]
             if self._ready:
-                if len(writing) >= MAX_IN_FLIGHT or self._failures:
-                    if in_flight:
-                        await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    else:  # done, but their callbacks have not unlinked them yet: a
-                        await asyncio.sleep(0)  # write started now would link to them
+                self._start_ready(loop)
+                if self._ready and not self._room():
+                    # Every node is writing all it may: the open batch grows
+                    # until a write comes back (_write_done wakes us).
+                    self._wake.clear()
+                    await self._wake.wait()
                     continue
-                # Started in order, written in order: the backend sends each
-                # write behind the previous one on the same connection.
-                ready = self._ready.popleft()
-                self._queued_messages -= ready.messages
-                self._queued_bytes -= ready.size
-                self._batches += 1
-                for part in self._per_node(ready):
-                    links = self._links(part)
-                    task = loop.create_task(self._write(part, links))
-                    number = next(iter(links.values())).number
-                    task.add_done_callback(functools.partial(self._write_done, list(links), number))
-                    in_flight[task] = self._batches
-                    writing[self._batches] += 1
-                continue
-            due = self._batcher.due(len(writing))
+            due = self._batcher.due(max(busy.values(), default=0))
             if due is None:
-                if self._closed and not self._entering:
-                    if not in_flight:
-                        return
-                    await asyncio.wait(in_flight)
-                    continue
+                if self._closed and not self._entering and not self._ready and not in_flight:
+                    return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -784,26 +777,71 @@ class TopicPublisher:
                 continue
             self._close_batch()
 
+    def _room(self) -> bool:
+        """Whether a node has room for another write in flight."""
+        busy = self._busy
+        return len(busy) < len(self._nodes) or min(busy.values(), default=0) < MAX_IN_FLIGHT
+
+    def _start_ready(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the ready writes whose node has room and whose partitions no
+        earlier ready write (nor a failure whose linked writes are still out)
+        holds back: each partition's writes start in order, and so each
+        node's."""
+        busy = self._busy
+        ready = self._ready
+        while ready and not self._failures and busy[ready[0].node] < MAX_IN_FLIGHT:
+            self._start(ready.popleft(), loop)  # the usual case: in order
+        if not ready or not self._room():
+            return
+        held: set[int] = set(self._failures)
+        kept: collections.deque[_Ready] = collections.deque()
+        for part in ready:
+            if busy[part.node] >= MAX_IN_FLIGHT or not held.isdisjoint(part.batch):
+                held.update(part.batch)
+                kept.append(part)
+            else:
+                self._start(part, loop)
+        self._ready = kept
+
+    def _start(self, ready: _Ready, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the write of ``ready``: started in order, written in order (the
+        backend sends each write behind the previous one on its node's
+        connection)."""
+        self._queued_messages -= ready.messages
+        self._queued_bytes -= ready.size
+        links = self._links(ready)
+        task = loop.create_task(self._write(ready, links))
+        number = next(iter(links.values())).number
+        task.add_done_callback(functools.partial(self._write_done, list(links), number))
+        self._in_flight[task] = ready.node
+        self._busy[ready.node] += 1
+
     def _per_node(self, ready: _Ready) -> list[_Ready]:
-        """``ready`` split into one write per node that holds its partitions
-        (Kafka's producer sends one request per broker), so that each part's
-        publishes return when their node answers: a node that is down or slow
-        holds back only its own partitions' publishes. On one server, and for
-        a batch of one partition, the batch as it is."""
+        """``ready`` as one write per node that holds its partitions (Kafka's
+        producer sends one request per broker), so that each write's publishes
+        return when their node answers, and each node has its own writes in
+        flight: a node that is down or slow holds back only its own partitions'
+        publishes. On one server, the batch as it is."""
         batch = ready.batch
-        groups = self._backend.write_groups(self._topic, batch) if len(batch) > 1 else None
+        groups = self._backend.write_groups(self._topic, batch)
         if groups is None:
+            if not self._nodes:
+                self._nodes.add(None)
             return [ready]
+        self._nodes.update(groups)
+        if len(groups) == 1:
+            return [ready._replace(node=next(iter(groups)))]
         parts = []
         messages, size = ready.messages, ready.size
-        for group in groups[:-1]:
+        *firsts, (last_node, last) = groups.items()
+        for node, group in firsts:
             part = {p: batch[p] for p in group}
             tokens = [token for entries in part.values() for _, token in entries]
             count, part_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
-            parts.append(_Ready(part, count, part_size))
+            parts.append(_Ready(part, count, part_size, node))
             messages -= count
             size -= part_size
-        parts.append(_Ready({p: batch[p] for p in groups[-1]}, messages, size))
+        parts.append(_Ready({p: batch[p] for p in last}, messages, size, last_node))
         return parts
 
     async def _write(self, ready: _Ready, links: dict[int, Link]) -> None:

@@ -834,7 +834,9 @@ class RedisBackend:
                         results[partitions[i]] = error
         return results
 
-    def write_groups(self, topic: TopicRecord, partitions: Iterable[int]) -> list[list[int]] | None:
+    def write_groups(
+        self, topic: TopicRecord, partitions: Iterable[int]
+    ) -> dict[str | None, list[int]] | None:
         return None  # one server
 
     def _wakes(self) -> bool:

@@ -369,11 +369,18 @@ class _ClusterAppender:
         return connection
 
     def node_of(self, key: str) -> str | None:
-        """The node this appender last routed ``key``'s slot to, if any."""
+        """The node this appender last routed ``key``'s slot to, else the one
+        redis-py's map names (no I/O); None when neither knows."""
         slot = self._key_slots.get(key)
         if slot is None:
             slot = self._key_slots[key] = key_slot(key)
-        return self._slot_node.get(slot)
+        name = self._slot_node.get(slot)
+        if name is None:
+            try:
+                name = self._client.nodes_manager.get_node_from_slot(slot).name
+            except (rexc.RedisError, rexc.RedisClusterException, *_REDIS_PY_TRIPS):
+                return None
+        return name
 
     async def _node_for(self, slot: int) -> str:
         name = self._slot_node.get(slot)
@@ -738,16 +745,17 @@ class RedisClusterBackend(RedisBackend):
             return await super()._pipelined(calls)
         return await self._router.run(keyed, resend=resend)
 
-    def write_groups(self, topic: TopicRecord, partitions: Iterable[int]) -> list[list[int]] | None:
-        """By the master the appender last routed each partition's slot to;
-        partitions it has no node for (never written, or their node's
-        connection broke) make a group of their own."""
+    def write_groups(
+        self, topic: TopicRecord, partitions: Iterable[int]
+    ) -> dict[str | None, list[int]] | None:
+        """By the master the appender last routed each partition's slot to
+        (None: none yet, or its node's connection broke)."""
         keys = self._keys(topic)
         node_of = self._appender.node_of
         groups: dict[str | None, list[int]] = {}
         for partition in partitions:
             groups.setdefault(node_of(keys[partition]), []).append(partition)
-        return list(groups.values()) if len(groups) > 1 else None
+        return groups
 
     async def _append_many(
         self, commands: list[tuple[Any, ...]], after: tuple[Any, ...] | None
