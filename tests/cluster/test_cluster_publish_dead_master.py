@@ -18,6 +18,7 @@ from redis.crc import key_slot
 
 import streamsub
 from streamsub._backends.redis import _keys
+from streamsub._engine.publisher import MAX_IN_FLIGHT
 from streamsub.testing import RedisClusterServers
 from tests.cluster._helpers import owner_port, partition_slot, partition_tags
 
@@ -101,10 +102,11 @@ async def test_publishes_batched_with_the_dead_masters_do_not_wait_for_it(
     masters under 2 keys each, all queued in one step (so that they make one
     batch): every healthy publish returns its id within 3 s, in one write per
     master, though the batch it came in waits for the dead master up to the
-    socket timeout, and more than four such batches are out at once (each
-    master has its own four writes in flight). Before, the batch was one
-    write, answered when its last node answered: each round's healthy
-    publishes waited 9 s and more."""
+    socket timeout, and though the dead master's four writes in flight are
+    taken (they are its own: each master has four). Before, the batch was one
+    write, answered when its last node answered, and four such batches took
+    the publisher's four: each round's healthy publishes waited 9 s and
+    more."""
     cluster = slow_cluster
     async with streamsub.connect(cluster.url) as client:
         await client.create_topic("halves", partitions=PARTITIONS)
@@ -122,9 +124,17 @@ async def test_publishes_batched_with_the_dead_masters_do_not_wait_for_it(
             spans.append(set(partitions))
             return write_groups(topic, partitions)
 
+        dead_out = most_dead_out = 0
+
         async def recording_append(topic: Any, batch: Any, links: Any = None) -> Any:
+            nonlocal dead_out, most_dead_out
             writes.append(set(batch))
-            return await append(topic, batch, links)
+            dead_out += 0 in batch
+            most_dead_out = max(most_dead_out, dead_out)
+            try:
+                return await append(topic, batch, links)
+            finally:
+                dead_out -= 0 in batch
 
         backend.write_groups = recording_groups
         backend.append = recording_append
@@ -160,6 +170,7 @@ async def test_publishes_batched_with_the_dead_masters_do_not_wait_for_it(
     # What this is about: batches held both; no write did.
     assert sum(0 in span and len(span) > 1 for span in spans) >= 10
     assert not [w for w in writes if 0 in w and len(w) > 1]
+    assert most_dead_out == MAX_IN_FLIGHT
 
 
 @pytest.mark.timeout(90)

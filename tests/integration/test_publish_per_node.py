@@ -38,8 +38,9 @@ class _Nodes(TEST_BACKEND):
     its own. With ``hold``, each write to "sick" waits until its event in
     ``held`` is set (or ``release`` is); with ``fail``, they then answer
     ``UnavailableError`` for its partitions without writing them (a master
-    that died). ``jitter``: every write waits up to that many seconds first,
-    so nodes answer out of order."""
+    that died). ``jitter``: every other write's answer waits up to that many
+    seconds after Redis gave it, so nodes answer out of order (the sends stay
+    in order, as the real backend's do)."""
 
     def __init__(
         self, url: str, *, hold: bool = False, fail: bool = False, jitter: float = 0
@@ -71,11 +72,12 @@ class _Nodes(TEST_BACKEND):
         batch: Mapping[int, bytes],
         links: Mapping[int, Link] | None = None,
     ) -> dict[int, list[str] | StreamsubError]:
-        if self.jitter:
-            await asyncio.sleep(random.uniform(0, self.jitter))
         sick = SICK.intersection(batch)
         if not sick:
-            return await super().append(topic, batch, links)
+            results = await super().append(topic, batch, links)
+            if self.jitter:
+                await asyncio.sleep(random.uniform(0, self.jitter))
+            return results
         self.mixed += len(sick) < len(batch)
         self.sick_in_flight += 1
         self.most_sick_in_flight = max(self.most_sick_in_flight, self.sick_in_flight)
@@ -112,8 +114,11 @@ async def _rounds(
 ) -> tuple[list[asyncio.Future[str]], list[asyncio.Future[str]]]:
     """``rounds`` rounds, ``pause`` apart, each publishing to the sick
     partitions under 2 keys each and to every other partition under 2 keys
-    each, all in one step (one batch): the sick ones' futures and the others'.
-    Each key's messages are ``<key>:<round>``."""
+    each, all in one step (one batch: the publisher is at hand, so each call
+    queues at once, and the flusher takes the batch before the pause is
+    over): the sick ones' futures and the others'. Each key's messages are
+    ``<key>:<round>``."""
+    await client.publish("nodes", b"warm", ordering_key=_keys_of(1, 1, "warm")[0])  # the publisher
     sick: list[asyncio.Future[str]] = []
     healthy: list[asyncio.Future[str]] = []
     for n in range(rounds):

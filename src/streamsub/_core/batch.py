@@ -16,7 +16,7 @@ so its Python cost per message is its encoding, not the batch's bookkeeping.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -48,6 +48,11 @@ class Batcher(Generic[T]):
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def partitions(self) -> Iterable[int]:
+        """The partitions the open batch holds messages for."""
+        return self._open.keys()
 
     def would_overflow(self, size: int) -> bool:
         """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""

@@ -13,7 +13,9 @@ Redis runs in order: messages of one ordering key stay in publish order.
 On Redis Cluster a batch goes as one write per master (``write_groups``), and
 each master has its own four writes in flight, as Kafka's producer sends one
 request per broker with its own requests in flight: a master that is down or
-slow holds back only its own partitions' publishes. Writes start in order per
+slow holds back only its own partitions' publishes (while what waits for it
+fits in ``PublishFlowControl``). A batch closes by the batching rule of the
+least busy master it goes to. Writes start in order per
 partition (a write waits behind an earlier one that shares a partition with
 it and waits for its master), so per master.
 
@@ -78,6 +80,7 @@ from .._core.batch import Batch, Batcher
 from .._core.codec import Encoded, pack_data
 from .._core.partition import StickyPartitioner, partition_for_key
 from .._core.publish_flow import PausedKeys, PublishBudget
+from .._core.write_queue import WriteQueue
 from .._errors import (
     BackendError,
     ClosedError,
@@ -338,13 +341,14 @@ class TopicPublisher:
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
         self._key_partitions: dict[str, int] = {}
         self._paused = PausedKeys()
-        self._ready: collections.deque[_Ready] = collections.deque()
+        self._ready: WriteQueue[_Ready] = WriteQueue()
         self._in_flight: dict[asyncio.Task[None], str | None] = {}
         """The writes started and not yet done, each with its node."""
         self._busy: collections.Counter[str | None] = collections.Counter()
         """Per node, its writes in flight: at most ``MAX_IN_FLIGHT`` each."""
-        self._nodes: set[str | None] = set()
-        """The nodes written to (one, None, on one server)."""
+        self._node_of: dict[int, str | None] = {}
+        """Per partition, its node when a batch last went to it (empty on one
+        server)."""
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
@@ -505,7 +509,7 @@ class TopicPublisher:
                     self._queue_chunk(datas, sizes, size, start, end, waiter)
                     start, chunk = end, min(chunk * 2, self._max_batch)
                     if start < count:
-                        writes = max(self._busy.values(), default=0) + len(self._ready)
+                        writes = self._open_busy() + len(self._ready)
                         if writes < MAX_IN_FLIGHT and len(self._batcher):
                             self._close_batch()
                         self._wake.set()
@@ -619,7 +623,8 @@ class TopicPublisher:
 
     def _close_batch(self) -> None:
         ready = _Ready(self._batcher.take(), self._open_messages, self._open_bytes)
-        self._ready.extend(self._per_node(ready))
+        for part in self._per_node(ready):
+            self._ready.add(part.node, part.batch, part)
         self._open_messages = self._open_bytes = 0
         self._sticky.advance()
 
@@ -651,14 +656,15 @@ class TopicPublisher:
         given ``exc``, every other queued message with it (pausing their keys)."""
         if len(self._batcher):
             self._close_batch()
-        kept: collections.deque[_Ready] = collections.deque()
         dropped = dropped_size = 0
         failed_keys: list[str | None] = []
-        for ready in self._ready:
+
+        def keep(ready: _Ready) -> tuple[str | None, Iterable[int], _Ready] | None:
+            nonlocal dropped, dropped_size
             batch: Batch[_Token] = {}
             count = size = 0
             for partition, messages in ready.batch.items():
-                keep = []
+                kept = []
                 for entry in messages:
                     token = entry[1]
                     if token.key is not None and token.key in self._paused:
@@ -669,17 +675,19 @@ class TopicPublisher:
                         _fail_waiter(token.waiter, exc)
                         failed_keys.append(token.key)
                     else:
-                        keep.append(entry)
+                        kept.append(entry)
                         count += token.length
                         size += token.size
                         continue
                     dropped += token.length
                     dropped_size += token.size
-                if keep:
-                    batch[partition] = keep
-            if batch:
-                kept.append(_Ready(batch, count, size, ready.node))
-        self._ready = kept
+                if kept:
+                    batch[partition] = kept
+            if not batch:
+                return None
+            return ready.node, batch, _Ready(batch, count, size, ready.node)
+
+        self._ready.rebuild(keep)
         self._pause(failed_keys)
         self._queued_messages -= dropped
         self._queued_bytes -= dropped_size
@@ -751,13 +759,14 @@ class TopicPublisher:
                     del self._failures[partition]
             if self._ready:
                 self._start_ready(loop)
-                if self._ready and not self._room():
-                    # Every node is writing all it may: the open batch grows
-                    # until a write comes back (_write_done wakes us).
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-            due = self._batcher.due(max(busy.values(), default=0))
+            writes = self._open_busy()
+            if self._ready and writes >= MAX_IN_FLIGHT:
+                # The open batch's nodes are writing all they may: it grows
+                # until a write comes back (_write_done wakes us).
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            due = self._batcher.due(writes)
             if due is None:
                 if self._closed and not self._entering and not self._ready and not in_flight:
                     return
@@ -777,31 +786,26 @@ class TopicPublisher:
                 continue
             self._close_batch()
 
-    def _room(self) -> bool:
-        """Whether a node has room for another write in flight."""
+    def _open_busy(self) -> int:
+        """The writes in flight on the least busy node the open batch goes to
+        (on one server, all of them): that node's writer is free, or full, for
+        the batching rule (``_core/batch.py``); the others' do not hold it."""
         busy = self._busy
-        return len(busy) < len(self._nodes) or min(busy.values(), default=0) < MAX_IN_FLIGHT
+        if not busy:
+            return 0
+        node_of = self._node_of
+        if not node_of:  # one server
+            return busy[None]
+        return min([busy[node_of.get(p)] for p in self._batcher.partitions], default=0)
 
     def _start_ready(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the ready writes whose node has room and whose partitions no
-        earlier ready write (nor a failure whose linked writes are still out)
-        holds back: each partition's writes start in order, and so each
-        node's."""
-        busy = self._busy
-        ready = self._ready
-        while ready and not self._failures and busy[ready[0].node] < MAX_IN_FLIGHT:
-            self._start(ready.popleft(), loop)  # the usual case: in order
-        if not ready or not self._room():
-            return
-        held: set[int] = set(self._failures)
-        kept: collections.deque[_Ready] = collections.deque()
-        for part in ready:
-            if busy[part.node] >= MAX_IN_FLIGHT or not held.isdisjoint(part.batch):
-                held.update(part.batch)
-                kept.append(part)
-            else:
-                self._start(part, loop)
-        self._ready = kept
+        """Start the ready writes that may start (``_core/write_queue.py``):
+        their node has room, no failure whose linked writes are still out holds
+        one of their partitions, and no earlier write to one of them waits.
+        Taken out of the queue before any starts: a write that finishes at once
+        (an eager task) may rebuild it (:meth:`_drop_queued`)."""
+        for part in self._ready.take(self._busy, MAX_IN_FLIGHT, self._failures):
+            self._start(part, loop)
 
     def _start(self, ready: _Ready, loop: asyncio.AbstractEventLoop) -> None:
         """Start the write of ``ready``: started in order, written in order (the
@@ -825,10 +829,10 @@ class TopicPublisher:
         batch = ready.batch
         groups = self._backend.write_groups(self._topic, batch)
         if groups is None:
-            if not self._nodes:
-                self._nodes.add(None)
             return [ready]
-        self._nodes.update(groups)
+        for node, group in groups.items():
+            for partition in group:
+                self._node_of[partition] = node
         if len(groups) == 1:
             return [ready._replace(node=next(iter(groups)))]
         parts = []

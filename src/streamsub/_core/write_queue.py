@@ -1,0 +1,115 @@
+"""The publisher's closed batches waiting for their writes to start: one line
+per node, and each partition's writes in the order they were queued.
+
+On Redis Cluster a batch is written as one write per master it spans, and each
+master has its own writes in flight (``MAX_IN_FLIGHT``): a master that is down
+holds back its own line, not the others'. A write may start when its node has
+room, no failure holds one of its partitions back, and it is the first write
+still waiting for each of its partitions (a partition's slot can move to
+another master between two batches: its writes still start in order). On one
+server there is one line (node ``None``), in queue order.
+
+No I/O: the publisher starts what :meth:`WriteQueue.take` hands out.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Container, Iterable, Mapping
+from typing import Generic, NamedTuple, TypeVar
+
+__all__ = ["WriteQueue"]
+
+T = TypeVar("T")
+
+
+class _Waiting(NamedTuple, Generic[T]):
+    serial: int
+    partitions: tuple[int, ...]
+    item: T
+
+
+class WriteQueue(Generic[T]):
+    """Writes waiting to start, in lines per node (see the module docstring)."""
+
+    __slots__ = ("_count", "_lines", "_serial", "_waiting")
+
+    def __init__(self) -> None:
+        self._lines: dict[str | None, collections.deque[_Waiting[T]]] = {}
+        self._waiting: dict[int, collections.deque[int]] = {}
+        """Per partition, the serials of the writes waiting for it, in order."""
+        self._serial = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, node: str | None, partitions: Iterable[int], item: T) -> None:
+        """Queue ``item``, a write to ``partitions`` on ``node``, behind the others."""
+        self._serial += 1
+        self._add(self._serial, node, tuple(partitions), item)
+
+    def _add(self, serial: int, node: str | None, partitions: tuple[int, ...], item: T) -> None:
+        line = self._lines.get(node)
+        if line is None:
+            line = self._lines[node] = collections.deque()
+        line.append(_Waiting(serial, partitions, item))
+        for partition in partitions:
+            waiting = self._waiting.get(partition)
+            if waiting is None:
+                waiting = self._waiting[partition] = collections.deque()
+            waiting.append(serial)
+        self._count += 1
+
+    def take(
+        self, busy: Mapping[str | None, int], limit: int, held: Container[int] = ()
+    ) -> list[T]:
+        """Take the writes that may start now, in queue order: each the first
+        of its node's line, its node with fewer than ``limit`` writes in flight
+        (``busy``, counting those taken here), none of its partitions
+        ``held``, and first in line for each of its partitions."""
+        taken: list[_Waiting[T]] = []
+        starting: dict[str | None, int] = {}
+        waiting = self._waiting
+        progress = True
+        while progress:  # a write taken may put another node's first in line
+            progress = False
+            for node, line in self._lines.items():
+                while line:
+                    first = line[0]
+                    if busy.get(node, 0) + starting.get(node, 0) >= limit:
+                        break
+                    if any(p in held or waiting[p][0] != first.serial for p in first.partitions):
+                        break
+                    line.popleft()
+                    for p in first.partitions:
+                        queue = waiting[p]
+                        queue.popleft()
+                        if not queue:
+                            del waiting[p]
+                    taken.append(first)
+                    starting[node] = starting.get(node, 0) + 1
+                    progress = True
+        if not taken:
+            return []
+        self._lines = {node: line for node, line in self._lines.items() if line}
+        self._count -= len(taken)
+        taken.sort()
+        return [entry.item for entry in taken]
+
+    def rebuild(self, keep: Callable[[T], tuple[str | None, Iterable[int], T] | None]) -> None:
+        """Replace each waiting write by what ``keep`` makes of it (its node,
+        partitions and item; None drops it), in queue order."""
+        entries = sorted(entry for line in self._lines.values() for entry in line)
+        self._lines = {}
+        self._waiting = {}
+        self._count = 0
+        for entry in entries:
+            kept = keep(entry.item)
+            if kept is not None:
+                node, partitions, item = kept
+                self._add(entry.serial, node, tuple(partitions), item)
+
+    def items(self) -> list[T]:
+        """The waiting writes, in queue order."""
+        return [entry.item for entry in sorted(e for line in self._lines.values() for e in line)]

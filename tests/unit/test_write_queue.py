@@ -1,0 +1,90 @@
+"""WriteQueue: the publisher's waiting writes, one line per node, each
+partition's writes in queue order."""
+
+from __future__ import annotations
+
+from streamsub._core.write_queue import WriteQueue
+
+LIMIT = 4
+
+
+def queue(*writes: tuple[str | None, tuple[int, ...], str]) -> WriteQueue[str]:
+    q: WriteQueue[str] = WriteQueue()
+    for node, partitions, name in writes:
+        q.add(node, partitions, name)
+    return q
+
+
+def test_one_line_starts_in_order_up_to_the_limit() -> None:
+    """On one server (node None) writes start in queue order, at most LIMIT in
+    flight counting those already out."""
+    q = queue(*[(None, (n % 3,), f"w{n}") for n in range(6)])
+    assert q.take({None: 1}, LIMIT) == ["w0", "w1", "w2"]
+    assert len(q) == 3
+    assert q.take({None: 4}, LIMIT) == []
+    assert q.take({None: 2}, LIMIT) == ["w3", "w4"]
+    assert q.take({}, LIMIT) == ["w5"]
+    assert len(q) == 0
+
+
+def test_a_full_node_holds_back_only_its_own_line() -> None:
+    """Node A has four writes out: its writes wait, B's and C's start, each
+    line in order, however many of A's are queued ahead of them."""
+    writes = []
+    for n in range(50):
+        writes.append(("A", (0,), f"a{n}"))
+        writes.append(("B", (1,), f"b{n}"))
+    writes.append(("C", (2, 5), "c0"))
+    q = queue(*writes)
+    assert q.take({"A": 4, "B": 2}, LIMIT) == ["b0", "b1", "c0"]
+    assert q.take({"A": 4, "B": 4}, LIMIT) == []
+    assert q.take({"A": 3, "B": 4}, LIMIT) == ["a0"]
+    assert len(q) == 100 - 3
+
+
+def test_a_partition_that_moved_keeps_its_writes_in_order() -> None:
+    """Partition 0 went to node A, then (its slot moved) to node B: B's write
+    to it waits behind A's, though B has room; B's write of another partition
+    does not. Once A has room both start, A's first."""
+    q = queue(("A", (0, 3), "a-first"), ("B", (1,), "b-other"), ("B", (0,), "b-moved"))
+    assert q.take({"A": 4}, LIMIT) == ["b-other"]
+    assert q.take({"A": 4}, LIMIT) == []
+    assert q.take({"A": 3}, LIMIT) == ["a-first", "b-moved"]
+
+
+def test_a_write_behind_a_moved_one_waits_in_its_own_line_too() -> None:
+    """B's line is A-blocked at its head (a moved partition): B's later writes
+    wait behind it, in order, even those of free partitions."""
+    q = queue(("A", (0,), "a0"), ("B", (0,), "b-moved"), ("B", (1,), "b-later"))
+    assert q.take({"A": 4}, LIMIT) == []
+    assert q.take({}, LIMIT) == ["a0", "b-moved", "b-later"]
+
+
+def test_held_partitions_wait_and_the_others_go() -> None:
+    """Partitions held by a failure wait (and the writes behind them in their
+    line); other nodes' writes start."""
+    q = queue(("A", (0,), "a0"), ("A", (3,), "a1"), ("B", (1,), "b0"))
+    assert q.take({}, LIMIT, held={0}) == ["b0"]
+    assert q.take({}, LIMIT, held={3}) == ["a0"]
+    assert q.take({}, LIMIT, held={3}) == []
+    assert q.take({}, LIMIT) == ["a1"]
+
+
+def test_rebuild_keeps_queue_order_drops_and_shrinks() -> None:
+    """rebuild replaces each write by what keep makes of it, in queue order:
+    dropped ones go, a write that lost a partition no longer waits for it."""
+    q = queue(("A", (0, 1), "a0"), ("B", (2,), "b0"), ("A", (1,), "a1"), ("B", (0,), "b1"))
+
+    def keep(item: str) -> tuple[str | None, tuple[int, ...], str] | None:
+        if item == "b0":
+            return None
+        if item == "a0":
+            return "A", (1,), "a0'"  # its partition 0 messages were dropped
+        return ("A" if item.startswith("a") else "B"), (1,) if item == "a1" else (0,), item
+
+    q.rebuild(keep)
+    assert q.items() == ["a0'", "a1", "b1"]
+    assert len(q) == 3
+    # b1 (partition 0) no longer waits behind a0', which lost partition 0.
+    assert q.take({"A": 4}, LIMIT) == ["b1"]
+    assert q.take({}, LIMIT) == ["a0'", "a1"]
