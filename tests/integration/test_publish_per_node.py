@@ -109,6 +109,17 @@ def _bodies(redis_client: redis.Redis, topic: str) -> dict[int, list[bytes]]:
     }
 
 
+def _assert_rounds_in_order(
+    bodies: dict[int, list[bytes]], partitions: Iterable[int], rounds: int
+) -> None:
+    """Each key of :func:`_rounds` on ``partitions`` has all its ``rounds``
+    messages stored, in order."""
+    for p in partitions:
+        for key in _keys_of(p, 2):
+            mine = [b for b in bodies[p] if b.startswith(f"{key}:".encode())]
+            assert mine == [f"{key}:{n}".encode() for n in range(rounds)], (p, key)
+
+
 async def _rounds(
     client: streamsub.Client, rounds: int, pause: float
 ) -> tuple[list[asyncio.Future[str]], list[asyncio.Future[str]]]:
@@ -157,11 +168,7 @@ async def test_a_node_that_holds_its_writes_holds_back_only_its_partitions(
             backend.release.set()  # else closing the client waits for ever
         async with asyncio.timeout(10):
             await asyncio.gather(*sick)
-    bodies = _bodies(redis_client, "nodes")
-    for p in range(PARTITIONS):
-        for key in _keys_of(p, 2):
-            mine = [b for b in bodies[p] if b.startswith(f"{key}:".encode())]
-            assert mine == [f"{key}:{n}".encode() for n in range(12)], (p, key)
+    _assert_rounds_in_order(_bodies(redis_client, "nodes"), range(PARTITIONS), 12)
 
 
 async def test_a_node_whose_writes_fail_holds_back_only_its_partitions(
@@ -202,16 +209,13 @@ async def test_a_node_whose_writes_fail_holds_back_only_its_partitions(
     bodies = _bodies(redis_client, "nodes")
     assert all(not bodies[p] for p in SICK)
     assert sorted(int(i.split("-")[0]) for i in ids) == sorted(set(range(PARTITIONS)) - SICK)
-    for p in set(range(PARTITIONS)) - SICK:
-        for key in _keys_of(p, 2):
-            mine = [b for b in bodies[p] if b.startswith(f"{key}:".encode())]
-            assert mine == [f"{key}:{n}".encode() for n in range(3)], (p, key)
+    _assert_rounds_in_order(bodies, set(range(PARTITIONS)) - SICK, 3)
 
 
 async def test_key_order_holds_while_nodes_answer_out_of_order(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """Writes answered out of order across nodes (each waits up to 5 ms first):
+    """Writes answered out of order across nodes (each answer waits up to 5 ms):
     8 tasks publishing 150 messages each under 24 keys, singly and in
     publish_many calls of 5, over 6 partitions on 5 nodes: every id is
     stored once and every key's messages are in publish order."""
