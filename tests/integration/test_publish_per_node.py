@@ -261,3 +261,37 @@ async def test_key_order_holds_while_nodes_answer_out_of_order(
         for t in range(8):
             sequence = [int(n) for k, task_, n in mine if int(task_) == t]
             assert sequence == sorted(sequence), (key, t)
+
+
+async def test_messages_without_a_key_go_round_a_node_that_holds_its_writes(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The sick node holds its writes. 200 publishes without an ordering key,
+    5 ms apart: once the sick node has its four writes out, the sticky
+    partition moves on to the partitions of nodes with room (Kafka's adaptive
+    partitioner, KIP-794), so all but those four writes' messages return
+    while it holds; once it answers, every publish has returned and each
+    message is stored once. (Before, the sticky partition stayed on the sick
+    node's partition and the batch grew there until full: 1 % returned.)"""
+    redis_client.flushall()
+    backend = _Nodes(server.url, hold=True)
+    async with streamsub.Client(backend) as client:
+        await client.create_topic("nodes", partitions=PARTITIONS)
+        await _rounds(client, 1, 0)  # every node written to once: the client knows them
+        published: list[asyncio.Future[str]] = []
+        try:
+            for n in range(200):
+                published.append(asyncio.ensure_future(client.publish("nodes", b"plain-%d" % n)))
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.2)
+            returned = sum(future.done() for future in published)
+            assert backend.most_sick_in_flight == MAX_IN_FLIGHT
+            assert returned >= 200 - 4 * 10, f"{returned} of 200 returned"
+        finally:
+            backend.release.set()
+        async with asyncio.timeout(10):
+            ids = await asyncio.gather(*published)
+    bodies = _bodies(redis_client, "nodes")
+    plain = sorted(b for p in bodies for b in bodies[p] if b.startswith(b"plain-"))
+    assert plain == sorted(b"plain-%d" % n for n in range(200))
+    assert len(set(ids)) == 200

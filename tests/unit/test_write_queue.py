@@ -52,22 +52,33 @@ def test_a_partition_that_moved_keeps_its_writes_in_order() -> None:
     assert q.take({"A": 3}, LIMIT) == ["a-first", "b-moved"]
 
 
-def test_a_write_behind_a_moved_one_waits_in_its_own_line_too() -> None:
-    """B's line is A-blocked at its head (a moved partition): B's later writes
-    wait behind it, in order, even those of free partitions."""
-    q = queue(("A", (0,), "a0"), ("B", (0,), "b-moved"), ("B", (1,), "b-later"))
+def test_a_write_behind_a_waiting_one_goes_on_when_it_shares_no_partition() -> None:
+    """B's first write waits behind A's (a moved partition); B's next write,
+    of another partition, starts; B's write of the moved partition again
+    waits behind it."""
+    q = queue(
+        ("A", (0,), "a0"), ("B", (0,), "b-moved"), ("B", (1,), "b-other"), ("B", (0, 1), "b-both")
+    )
+    assert q.take({"A": 4}, LIMIT) == ["b-other"]
     assert q.take({"A": 4}, LIMIT) == []
-    assert q.take({}, LIMIT) == ["a0", "b-moved", "b-later"]
+    assert q.take({}, LIMIT) == ["a0", "b-moved", "b-both"]
 
 
 def test_held_partitions_wait_and_the_others_go() -> None:
-    """Partitions held by a failure wait (and the writes behind them in their
-    line); other nodes' writes start."""
-    q = queue(("A", (0,), "a0"), ("A", (3,), "a1"), ("B", (1,), "b0"))
-    assert q.take({}, LIMIT, held={0}) == ["b0"]
-    assert q.take({}, LIMIT, held={3}) == ["a0"]
-    assert q.take({}, LIMIT, held={3}) == []
-    assert q.take({}, LIMIT) == ["a1"]
+    """A partition held by a failure waits, with the later writes to it; the
+    other partitions' writes start, on its node too."""
+    q = queue(("A", (0,), "a0"), ("A", (3,), "a1"), ("B", (1,), "b0"), ("A", (0, 3), "a2"))
+    assert q.take({}, LIMIT, held={0}) == ["a1", "b0"]
+    assert q.take({}, LIMIT, held={0}) == []
+    assert q.take({}, LIMIT) == ["a0", "a2"]
+
+
+def test_on_one_server_a_held_partition_holds_back_only_itself() -> None:
+    """One line (node None): writes to partition 0 wait while it is held; a
+    write to partition 1 queued behind them starts."""
+    q = queue((None, (0,), "p0"), (None, (0,), "p0-later"), (None, (1,), "p1"))
+    assert q.take({None: 1}, LIMIT, held={0}) == ["p1"]
+    assert q.take({None: 2}, LIMIT) == ["p0", "p0-later"]
 
 
 def test_rebuild_keeps_queue_order_drops_and_shrinks() -> None:

@@ -6,8 +6,9 @@ master has its own writes in flight (``MAX_IN_FLIGHT``): a master that is down
 holds back its own line, not the others'. A write may start when its node has
 room, no failure holds one of its partitions back, and it is the first write
 still waiting for each of its partitions (a partition's slot can move to
-another master between two batches: its writes still start in order). On one
-server there is one line (node ``None``), in queue order.
+another master between two batches: its writes still start in order); one
+that may not start holds back the later writes to its partitions, not the
+rest of its line. On one server there is one line (node ``None``).
 
 No I/O: the publisher starts what :meth:`WriteQueue.take` hands out.
 """
@@ -64,37 +65,37 @@ class WriteQueue(Generic[T]):
     def take(
         self, busy: Mapping[str | None, int], limit: int, held: Container[int] = ()
     ) -> list[T]:
-        """Take the writes that may start now, in queue order: each the first
-        of its node's line, its node with fewer than ``limit`` writes in flight
-        (``busy``, counting those taken here), none of its partitions
-        ``held``, and first in line for each of its partitions."""
+        """Take the writes that may start now, in queue order: each of a node
+        with fewer than ``limit`` writes in flight (``busy``, counting those
+        taken here), none of its partitions ``held``, and first in line for
+        each of its partitions. A write that may not start holds back the later
+        writes to its partitions, not the rest of its node's line."""
         taken: list[_Waiting[T]] = []
         starting: dict[str | None, int] = {}
         waiting = self._waiting
         progress = True
-        while progress:  # a write taken may put another node's first in line
+        while progress:  # a write taken may put another node's write first in line
             progress = False
             for node, line in self._lines.items():
-                while line:
-                    first = line[0]
-                    if busy.get(node, 0) + starting.get(node, 0) >= limit:
-                        break
-                    if any(p in held or waiting[p][0] != first.serial for p in first.partitions):
-                        break
-                    line.popleft()
-                    for p in first.partitions:
-                        queue = waiting[p]
-                        queue.popleft()
-                        if not queue:
-                            del waiting[p]
-                    taken.append(first)
+                room = limit - busy.get(node, 0) - starting.get(node, 0)
+                i = 0
+                while room > 0 and i < len(line):
+                    entry = line[i]
+                    if any(p in held or waiting[p][0] != entry.serial for p in entry.partitions):
+                        i += 1
+                        continue
+                    del line[i]
+                    for p in entry.partitions:
+                        waiting[p].popleft()
+                    taken.append(entry)
+                    room -= 1
                     starting[node] = starting.get(node, 0) + 1
                     progress = True
         if not taken:
             return []
-        self._lines = {node: line for node, line in self._lines.items() if line}
         self._count -= len(taken)
-        taken.sort()
+        if len(taken) > 1:
+            taken.sort()
         return [entry.item for entry in taken]
 
     def rebuild(self, keep: Callable[[T], tuple[str | None, Iterable[int], T] | None]) -> None:

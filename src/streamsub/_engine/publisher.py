@@ -15,9 +15,10 @@ each master has its own four writes in flight, as Kafka's producer sends one
 request per broker with its own requests in flight: a master that is down or
 slow holds back only its own partitions' publishes (while what waits for it
 fits in ``PublishFlowControl``). A batch closes by the batching rule of the
-least busy master it goes to. Writes start in order per
-partition (a write waits behind an earlier one that shares a partition with
-it and waits for its master), so per master.
+least busy master it goes to, and messages without a key leave a master that
+has all its writes out (:meth:`TopicPublisher._keyless`). Writes start in
+order per partition: a write waits behind an earlier one to one of its
+partitions, whichever master that one waits for (``_core/write_queue.py``).
 
 A write that fails fails the publishes of its messages with the backend's
 error (per partition: a batch's other partitions may be stored) and pauses
@@ -349,6 +350,8 @@ class TopicPublisher:
         self._node_of: dict[int, str | None] = {}
         """Per partition, its node when a batch last went to it (empty on one
         server)."""
+        self._nodes: set[str | None] = set()
+        """The nodes of ``_node_of``."""
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
@@ -385,10 +388,28 @@ class TopicPublisher:
         """Let publishes with ``ordering_key`` go again; return whether it was paused."""
         return self._paused.resume(ordering_key)
 
+    def _keyless(self) -> int:
+        """The partition for messages without an ordering key: the sticky one,
+        moved on when its master has all the writes in flight it may (down, or
+        slow) to one whose master has room, as Kafka's adaptive partitioner
+        does (KIP-794). On one server, the sticky one."""
+        sticky = self._sticky
+        node_of = self._node_of
+        if node_of:
+            busy = self._busy
+            if busy.get(node_of.get(sticky.current), 0) >= MAX_IN_FLIGHT and (
+                len(busy) < len(self._nodes) or min(busy.values()) < MAX_IN_FLIGHT
+            ):  # full, and another master has room
+                for _ in range(self._topic.partitions):
+                    sticky.advance()
+                    if busy.get(node_of.get(sticky.current), 0) < MAX_IN_FLIGHT:
+                        break
+        return sticky.current
+
     def _partition(self, message: Encoded) -> int:
         key = message.ordering_key
         if key is None:
-            return self._sticky.current
+            return self._keyless()
         partition = self._key_partitions.get(key)
         if partition is None:
             if len(self._key_partitions) >= _KEY_CACHE_SIZE:
@@ -431,7 +452,7 @@ class TopicPublisher:
             self._close_batch()
         self._open_messages += 1
         self._open_bytes += size
-        partition = self._sticky.current if key is None else self._partition(message)
+        partition = self._keyless() if key is None else self._partition(message)
         token = _Token(future, 0, key, size)
         if batcher.add(partition, message.packed, size, token, self._clock()):
             self._close_batch()
@@ -617,7 +638,7 @@ class TopicPublisher:
             self._open_messages += taken
             self._open_bytes += run_size
             token = _Token(waiter, position + start, None, run_size, taken)
-            if batcher.add(self._sticky.current, pack(start, end), run_size, token, now, taken):
+            if batcher.add(self._keyless(), pack(start, end), run_size, token, now, taken):
                 self._close_batch()
             start, rest = end, rest - run_size
 
@@ -833,6 +854,7 @@ class TopicPublisher:
         for node, group in groups.items():
             for partition in group:
                 self._node_of[partition] = node
+        self._nodes = set(self._node_of.values())
         if len(groups) == 1:
             return [ready._replace(node=next(iter(groups)))]
         parts = []
