@@ -73,24 +73,30 @@ class WriteQueue(Generic[T]):
         taken: list[_Waiting[T]] = []
         starting: dict[str | None, int] = {}
         waiting = self._waiting
+        lines = self._lines
         progress = True
         while progress:  # a write taken may put another node's write first in line
             progress = False
-            for node, line in self._lines.items():
+            for node, line in lines.items():
                 room = limit - busy.get(node, 0) - starting.get(node, 0)
                 i = 0
                 while room > 0 and i < len(line):
                     entry = line[i]
-                    if any(p in held or waiting[p][0] != entry.serial for p in entry.partitions):
-                        i += 1
-                        continue
-                    del line[i]
                     for p in entry.partitions:
-                        waiting[p].popleft()
-                    taken.append(entry)
-                    room -= 1
-                    starting[node] = starting.get(node, 0) + 1
-                    progress = True
+                        if p in held or waiting[p][0] != entry.serial:
+                            break
+                    else:
+                        del line[i]
+                        for p in entry.partitions:
+                            waiting[p].popleft()
+                        taken.append(entry)
+                        room -= 1
+                        starting[node] = starting.get(node, 0) + 1
+                        progress = True
+                        continue
+                    i += 1
+            if len(lines) == 1:  # one server: no other line to put first
+                break
         if not taken:
             return []
         self._count -= len(taken)
