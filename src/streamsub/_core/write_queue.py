@@ -17,33 +17,34 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Container, Iterable, Mapping
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 __all__ = ["WriteQueue"]
 
 T = TypeVar("T")
 
 
-class _Waiting(NamedTuple, Generic[T]):
-    serial: int
-    partitions: tuple[int, ...]
-    item: T
+_Waiting: TypeAlias = tuple[int, tuple[int, ...], T]
+"""A waiting write: its serial (queue order), its partitions, its item. A
+plain tuple: one is made per write, on the publisher's path."""
 
 
 class WriteQueue(Generic[T]):
     """Writes waiting to start, in lines per node (see the module docstring)."""
 
-    __slots__ = ("_count", "_lines", "_serial", "_waiting")
+    __slots__ = ("_lines", "_serial", "_waiting", "count")
 
     def __init__(self) -> None:
         self._lines: dict[str | None, collections.deque[_Waiting[T]]] = {}
         self._waiting: dict[int, collections.deque[int]] = {}
         """Per partition, the serials of the writes waiting for it, in order."""
         self._serial = 0
-        self._count = 0
+        self.count = 0
+        """The writes waiting (an attribute, not ``len``: read on every step
+        of the publisher's flusher)."""
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def add(self, node: str | None, partitions: Iterable[int], item: T) -> None:
         """Queue ``item``, a write to ``partitions`` on ``node``, behind the others."""
@@ -54,13 +55,13 @@ class WriteQueue(Generic[T]):
         line = self._lines.get(node)
         if line is None:
             line = self._lines[node] = collections.deque()
-        line.append(_Waiting(serial, partitions, item))
+        line.append((serial, partitions, item))
         for partition in partitions:
             waiting = self._waiting.get(partition)
             if waiting is None:
                 waiting = self._waiting[partition] = collections.deque()
             waiting.append(serial)
-        self._count += 1
+        self.count += 1
 
     def take(
         self, busy: Mapping[str | None, int], limit: int, held: Container[int] = ()
@@ -82,12 +83,13 @@ class WriteQueue(Generic[T]):
                 i = 0
                 while room > 0 and i < len(line):
                     entry = line[i]
-                    for p in entry.partitions:
-                        if p in held or waiting[p][0] != entry.serial:
+                    serial, partitions, _ = entry
+                    for p in partitions:
+                        if p in held or waiting[p][0] != serial:
                             break
                     else:
                         del line[i]
-                        for p in entry.partitions:
+                        for p in partitions:
                             waiting[p].popleft()
                         taken.append(entry)
                         room -= 1
@@ -99,10 +101,10 @@ class WriteQueue(Generic[T]):
                 break
         if not taken:
             return []
-        self._count -= len(taken)
+        self.count -= len(taken)
         if len(taken) > 1:
             taken.sort()
-        return [entry.item for entry in taken]
+        return [entry[2] for entry in taken]
 
     def rebuild(self, keep: Callable[[T], tuple[str | None, Iterable[int], T] | None]) -> None:
         """Replace each waiting write by what ``keep`` makes of it (its node,
@@ -110,13 +112,13 @@ class WriteQueue(Generic[T]):
         entries = sorted(entry for line in self._lines.values() for entry in line)
         self._lines = {}
         self._waiting = {}
-        self._count = 0
+        self.count = 0
         for entry in entries:
-            kept = keep(entry.item)
+            kept = keep(entry[2])
             if kept is not None:
                 node, partitions, item = kept
-                self._add(entry.serial, node, tuple(partitions), item)
+                self._add(entry[0], node, tuple(partitions), item)
 
     def items(self) -> list[T]:
         """The waiting writes, in queue order."""
-        return [entry.item for entry in sorted(e for line in self._lines.values() for e in line)]
+        return [entry[2] for entry in sorted(e for line in self._lines.values() for e in line)]

@@ -345,13 +345,15 @@ class TopicPublisher:
         self._ready: WriteQueue[_Ready] = WriteQueue()
         self._in_flight: dict[asyncio.Task[None], str | None] = {}
         """The writes started and not yet done, each with its node."""
-        self._busy: collections.Counter[str | None] = collections.Counter()
+        self._busy: dict[str | None, int] = {}
         """Per node, its writes in flight: at most ``MAX_IN_FLIGHT`` each."""
         self._node_of: dict[int, str | None] = {}
         """Per partition, its node when a batch last went to it (empty on one
         server)."""
         self._nodes: set[str | None] = set()
         """The nodes of ``_node_of``."""
+        self._one_server = False
+        """The backend said it has one server (``write_groups`` None)."""
         self._open_messages = 0
         self._open_bytes = 0
         self._queued_messages = 0
@@ -452,7 +454,10 @@ class TopicPublisher:
             self._close_batch()
         self._open_messages += 1
         self._open_bytes += size
-        partition = self._keyless() if key is None else self._partition(message)
+        if key is None:
+            partition = self._keyless() if self._node_of else self._sticky.current
+        else:
+            partition = self._partition(message)
         token = _Token(future, 0, key, size)
         if batcher.add(partition, message.packed, size, token, self._clock()):
             self._close_batch()
@@ -530,7 +535,7 @@ class TopicPublisher:
                     self._queue_chunk(datas, sizes, size, start, end, waiter)
                     start, chunk = end, min(chunk * 2, self._max_batch)
                     if start < count:
-                        writes = self._open_busy() + len(self._ready)
+                        writes = self._open_busy() + self._ready.count
                         if writes < MAX_IN_FLIGHT and len(self._batcher):
                             self._close_batch()
                         self._wake.set()
@@ -765,12 +770,15 @@ class TopicPublisher:
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
         in_flight = self._in_flight = {}  # a flusher that died left its own
-        busy = self._busy = collections.Counter()
+        busy: dict[str | None, int] = {}
+        self._busy = busy
         while True:
             for task in [task for task in in_flight if task.done()]:
                 node = in_flight.pop(task)
-                busy[node] -= 1
-                if not busy[node]:
+                left = busy[node] - 1
+                if left:
+                    busy[node] = left
+                else:
                     del busy[node]
                 task.result()  # a write that died takes the flusher with it
             if self._failures:
@@ -778,10 +786,10 @@ class TopicPublisher:
                 # behind its failure is back (and unlinked: done callbacks ran).
                 for partition in [p for p in self._failures if not self._unsettled[p]]:
                     del self._failures[partition]
-            if self._ready:
+            if self._ready.count:
                 self._start_ready(loop)
-            writes = self._open_busy()
-            if self._ready and writes >= MAX_IN_FLIGHT:
+            writes = self._open_busy() if self._node_of else busy.get(None, 0)
+            if self._ready.count and writes >= MAX_IN_FLIGHT:
                 # The open batch's nodes are writing all they may: it grows
                 # until a write comes back (_write_done wakes us).
                 self._wake.clear()
@@ -789,7 +797,7 @@ class TopicPublisher:
                 continue
             due = self._batcher.due(writes)
             if due is None:
-                if self._closed and not self._entering and not self._ready and not in_flight:
+                if self._closed and not self._entering and not self._ready.count and not in_flight:
                     return
                 self._wake.clear()
                 await self._wake.wait()
@@ -816,8 +824,8 @@ class TopicPublisher:
             return 0
         node_of = self._node_of
         if not node_of:  # one server
-            return busy[None]
-        return min([busy[node_of.get(p)] for p in self._batcher.partitions], default=0)
+            return busy.get(None, 0)
+        return min([busy.get(node_of.get(p), 0) for p in self._batcher.partitions], default=0)
 
     def _start_ready(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the ready writes that may start (``_core/write_queue.py``):
@@ -839,7 +847,7 @@ class TopicPublisher:
         number = next(iter(links.values())).number
         task.add_done_callback(functools.partial(self._write_done, list(links), number))
         self._in_flight[task] = ready.node
-        self._busy[ready.node] += 1
+        self._busy[ready.node] = self._busy.get(ready.node, 0) + 1
 
     def _per_node(self, ready: _Ready) -> list[_Ready]:
         """``ready`` as one write per node that holds its partitions (Kafka's
@@ -848,8 +856,11 @@ class TopicPublisher:
         flight: a node that is down or slow holds back only its own partitions'
         publishes. On one server, the batch as it is."""
         batch = ready.batch
+        if self._one_server:
+            return [ready]
         groups = self._backend.write_groups(self._topic, batch)
         if groups is None:
+            self._one_server = True  # a backend's servers do not change kind
             return [ready]
         for node, group in groups.items():
             for partition in group:
