@@ -46,21 +46,23 @@ class WriteQueue(Generic[T]):
     def __len__(self) -> int:
         return self.count
 
-    def add(self, node: str | None, partitions: Iterable[int], item: T) -> None:
-        """Queue ``item``, a write to ``partitions`` on ``node``, behind the others."""
-        self._serial += 1
-        self._add(self._serial, node, tuple(partitions), item)
-
-    def _add(self, serial: int, node: str | None, partitions: tuple[int, ...], item: T) -> None:
+    def add(self, node: str | None, partitions: Iterable[int], item: T, serial: int = 0) -> None:
+        """Queue ``item``, a write to ``partitions`` on ``node``, behind the
+        others (or, given its ``serial``, in its place of queue order)."""
+        if not serial:
+            self._serial += 1
+            serial = self._serial
         line = self._lines.get(node)
         if line is None:
             line = self._lines[node] = collections.deque()
+        partitions = tuple(partitions)
         line.append((serial, partitions, item))
+        waiting = self._waiting
         for partition in partitions:
-            waiting = self._waiting.get(partition)
-            if waiting is None:
-                waiting = self._waiting[partition] = collections.deque()
-            waiting.append(serial)
+            queue = waiting.get(partition)
+            if queue is None:
+                queue = waiting[partition] = collections.deque()
+            queue.append(serial)
         self.count += 1
 
     def take(
@@ -117,7 +119,7 @@ class WriteQueue(Generic[T]):
             kept = keep(entry[2])
             if kept is not None:
                 node, partitions, item = kept
-                self._add(entry[0], node, tuple(partitions), item)
+                self.add(node, partitions, item, entry[0])
 
     def items(self) -> list[T]:
         """The waiting writes, in queue order."""

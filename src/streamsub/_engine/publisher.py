@@ -787,7 +787,11 @@ class TopicPublisher:
                 for partition in [p for p in self._failures if not self._unsettled[p]]:
                     del self._failures[partition]
             if self._ready.count:
-                self._start_ready(loop)
+                # Those that may start (``_core/write_queue.py``): taken out of
+                # the queue before any starts, as a write that finishes at once
+                # (an eager task) may rebuild it (_drop_queued).
+                for part in self._ready.take(busy, MAX_IN_FLIGHT, self._failures):
+                    self._start(part, loop)
             writes = self._open_busy() if self._node_of else busy.get(None, 0)
             if self._ready.count and writes >= MAX_IN_FLIGHT:
                 # The open batch's nodes are writing all they may: it grows
@@ -826,15 +830,6 @@ class TopicPublisher:
         if not node_of:  # one server
             return busy.get(None, 0)
         return min([busy.get(node_of.get(p), 0) for p in self._batcher.partitions], default=0)
-
-    def _start_ready(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the ready writes that may start (``_core/write_queue.py``):
-        their node has room, no failure whose linked writes are still out holds
-        one of their partitions, and no earlier write to one of them waits.
-        Taken out of the queue before any starts: a write that finishes at once
-        (an eager task) may rebuild it (:meth:`_drop_queued`)."""
-        for part in self._ready.take(self._busy, MAX_IN_FLIGHT, self._failures):
-            self._start(part, loop)
 
     def _start(self, ready: _Ready, loop: asyncio.AbstractEventLoop) -> None:
         """Start the write of ``ready``: started in order, written in order (the
