@@ -344,7 +344,7 @@ class _ClusterAppender:
         self._timeout = timeout
         self._lock = asyncio.Lock()
         self._slot_node: dict[int, str] = {}
-        self._key_slots: dict[str, int] = {}
+        self._key_slots: dict[Any, int] = {}
         self._connections: dict[str, InOrderConnection] = {}
         self._refresh = False
         self._tails: dict[int, asyncio.Event] = {}
@@ -371,9 +371,7 @@ class _ClusterAppender:
     def node_of(self, key: str) -> str | None:
         """The node this appender last routed ``key``'s slot to, else the one
         redis-py's map names (no I/O); None when neither knows."""
-        slot = self._key_slots.get(key)
-        if slot is None:
-            slot = self._key_slots[key] = key_slot(key)
+        slot = self._slot(key)
         name = self._slot_node.get(slot)
         if name is None:
             try:
@@ -381,6 +379,14 @@ class _ClusterAppender:
             except (rexc.RedisError, rexc.RedisClusterException, *_REDIS_PY_TRIPS):
                 return None
         return name
+
+    def _slot(self, key: Any) -> int:
+        """``key``'s slot (a stream's key, or a command's key as sent), computed
+        once per key: CRC16 in Python costs a lone publish more than a dict."""
+        slot = self._key_slots.get(key)
+        if slot is None:
+            slot = self._key_slots[key] = key_slot(_keys_text(key))
+        return slot
 
     async def _node_for(self, slot: int) -> str:
         name = self._slot_node.get(slot)
@@ -444,9 +450,7 @@ class _ClusterAppender:
                     # sent again at once with it undeclared (as SlotRouter's
                     # steps); anything else fails the write.
                     again = (
-                        await self._router.undeclared(
-                            key_slot(_keys_text(commands[i][3])), name, commands[i]
-                        )
+                        await self._router.undeclared(self._slot(commands[i][3]), name, commands[i])
                         if asking
                         else None
                     )
@@ -509,7 +513,7 @@ class _ClusterAppender:
         pause = 0.05
 
         def slot_of(i: int) -> int:
-            return key_slot(_keys_text(commands[i][3]))
+            return self._slot(commands[i][3])
 
         # Queued before any await, so the order of entry is the order of the
         # calls. A redirected write (its target known) is a resend of one that
@@ -572,7 +576,7 @@ class _ClusterAppender:
         nodes that refused a connection, to be routed afresh."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
         for i, target, asking in todo:
-            slot = key_slot(_keys_text(commands[i][3]))
+            slot = self._slot(commands[i][3])
             if target is None:
                 target = await self._node_for(slot)
             elif not asking:  # MOVED: the slot's new home, from now on
