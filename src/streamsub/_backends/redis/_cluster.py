@@ -538,17 +538,19 @@ class _ClusterAppender:
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
                 if go:
+                    go, refused = await self._connect_first(commands, go)
+                if go:
                     async with self._lock:
-                        refused = await self._send_routed(commands, go, after, sent, waits, unsent)
-                    held = {slot_of(i) for i, _, _ in refused}
-                    for i, _, _ in go:
-                        if slot_of(i) not in held and slot_of(i) in mine:
-                            mine[slot_of(i)].set()
+                        refused += await self._send_routed(commands, go, after, sent, waits, unsent)
+                held = {slot_of(i) for i, _, _ in refused}
+                for i, _, _ in go:
+                    if slot_of(i) not in held and slot_of(i) in mine:
+                        mine[slot_of(i)].set()
                 if refused and loop.time() + pause > deadline:
                     for i, _, _ in refused:
                         unsent[i] = _NotConnected(
                             f"no node took slot {slot_of(i)} within {self._timeout:g} s: "
-                            "its master refuses connections"
+                            "its master refuses connections, or does not answer"
                         )
                     refused = []
                 todo = waiting + refused  # a slot's writes are all in one of the two
@@ -562,6 +564,69 @@ class _ClusterAppender:
                 event.set()
                 if self._tails.get(slot) is event:
                     del self._tails[slot]
+
+    async def _connect_first(
+        self, commands: list[tuple[Any, ...]], todo: list[tuple[int, str | None, bool]]
+    ) -> tuple[list[tuple[int, str | None, bool]], list[tuple[int, str | None, bool]]]:
+        """Make the connections to the nodes ``todo`` goes to usable (connect,
+        or PING one idle long) before the routing lock is taken, each node's at
+        once; return ``todo`` split into what may be sent and what goes to a
+        node that could not be reached (to be routed afresh, as a refused
+        connection is). A master that is silent (SIGSTOPped, its host cut off
+        without a reset) holds a try for the connect timeout: under the lock,
+        every write to the other masters waited for it.
+
+        The node of a write is the one the lock's routing will pick (the map
+        changes only under the lock); redis-py's map is asked again here, not
+        there, when a lost connection made the appender forget where slots
+        are, and only for a write whose slot it forgot: a write to a healthy
+        master asks nothing of the silent one."""
+        if self._refresh and any(
+            target is None and self._slot(commands[i][3]) not in self._slot_node
+            for i, target, _ in todo
+        ):
+            self._refresh = False
+            await self._refresh_map()
+        nodes: dict[int, str] = {}
+        for i, target, _ in todo:
+            if target is not None:
+                nodes[i] = target
+                continue
+            slot = self._slot(commands[i][3])
+            name = self._slot_node.get(slot)
+            if name is None:
+                try:
+                    name = self._client.nodes_manager.get_node_from_slot(slot).name
+                except (rexc.RedisError, rexc.RedisClusterException, *_REDIS_PY_TRIPS):
+                    continue  # the routing under the lock finds out, and says why
+            nodes[i] = name
+        connections = self._connections
+        names = [
+            name
+            for name in set(nodes.values())
+            if name not in connections or not connections[name].usable()
+        ]
+        if not names:  # the usual case: nothing to wait for
+            return todo, []
+        outcomes = await asyncio.gather(
+            *(self._ready(name) for name in names), return_exceptions=True
+        )
+        unreached = set()
+        for name, outcome in zip(names, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, rexc.ConnectionError | rexc.TimeoutError | OSError):
+                    raise outcome
+                unreached.add(name)
+                self._forget(name)
+                if isinstance(outcome, _NotConnected):
+                    self._connections.pop(name, None)
+        if not unreached:
+            return todo, []
+        go = [item for item in todo if nodes.get(item[0]) not in unreached]
+        return go, [(i, None, False) for i, _, _ in todo if nodes.get(i) in unreached]
+
+    async def _ready(self, name: str) -> None:
+        await (await self._connection(name)).ready()
 
     async def _send_routed(
         self,

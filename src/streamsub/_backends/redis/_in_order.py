@@ -281,6 +281,26 @@ class InOrderConnection:
             if self._reader is None or self._reader.done():
                 self._reader = loop.create_task(self._read(connection))
 
+    def usable(self) -> bool:
+        """Whether a send now would go at once: connected, and not idle long
+        enough to be PINGed first (see :meth:`ready`)."""
+        return self._connection is not None and (
+            bool(self._waiting)
+            or asyncio.get_running_loop().time() - self._last_used <= self._health_check_interval
+        )
+
+    async def ready(self) -> None:
+        """Connect (or, idle long, PING) now, sending nothing: a caller that
+        sends under a lock of its own waits here for a slow or silent server,
+        not under that lock. Raises as :meth:`send_many` would have; the
+        connection's own lock and time limit apply."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._timeout), self._send_lock:
+                await self._usable_connection(loop)
+        except TimeoutError:  # asyncio's: connecting stalled
+            raise self._timed_out() from None
+
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
         if connection is None:

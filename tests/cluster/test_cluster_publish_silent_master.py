@@ -1,0 +1,120 @@
+"""Publishing while one master is silent: SIGSTOPped, so the kernel still takes
+its connections but nothing answers (a hung process, a host cut off without a
+reset). Writes to it wait for a connection that never becomes usable, each try
+bounded by the connect timeout; the question is what the publishes to the
+other masters wait meanwhile. They must not wait for the silent one: each
+master has its own writes (README, Redis Cluster, Failover)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+import streamsub
+from streamsub._backends.redis._cluster import RedisClusterBackend
+from streamsub.testing import redis_cluster
+from tests.cluster._helpers import owner_port, partition_slot
+from tests.cluster.conftest import SLOW_NODE_TIMEOUT_MS
+
+PARTITIONS = 6
+SOCKET_TIMEOUT = 2.0
+"""The client's socket timeout, and so its connect timeout (the lower of it
+and 5 s): what one try to connect to the silent master holds."""
+HEALTHY_WITHIN = 1.0
+"""Seconds a publish to a healthy master's partition may take: half a
+connect timeout, with room for a loaded 2-core machine."""
+SILENT_FOR = 7.0
+"""Seconds of publishing with the master silent: past the first write's reply
+timeout (2 s) and several tries to connect again (2 s each)."""
+
+
+def _key_of(partition: int, n: int = 0) -> str:
+    keys = (f"key-{i}" for i in range(100_000))
+    return [k for k in keys if streamsub.fnv1a_32(k.encode()) % PARTITIONS == partition][n]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    int(redis.__version__.split(".")[0]) < 6,
+    reason="redis-py 5.0's cluster client reconnects to a SIGSTOPped node without end "
+    "(its health-check PING times out on each new connection): README, Redis Cluster",
+)
+async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
+    tmp_path: Path,
+) -> None:
+    """Partition 0's master is SIGSTOPped for 7 s (no replicas, and a node
+    timeout of 15 s: nothing takes over, and the cluster stays up). Four tasks keep publishing to partition 0 (each publish waits, then
+    fails); meanwhile publishes to every partition on the other masters, one
+    after the other under two keys each, return their ids within 1 s each.
+    Before, every try to connect to the silent master held the appender's
+    routing lock for the connect timeout, and the other masters' writes
+    waited behind it: 2 s, again and again."""
+    # A node timeout past the silence: the other masters do not mark it failed
+    # (and, with no replica, the cluster down) while the test runs.
+    with redis_cluster(
+        tmp_path, replicas=0, extra_args=("--cluster-node-timeout", str(SLOW_NODE_TIMEOUT_MS))
+    ) as cluster:
+        backend = RedisClusterBackend(cluster.url, socket_timeout=SOCKET_TIMEOUT)
+        async with streamsub.connect(backend=backend) as client:
+            await client.create_topic("quiet", partitions=PARTITIONS)
+            ports = {
+                p: owner_port(cluster, partition_slot(cluster, "quiet", p))
+                for p in range(PARTITIONS)
+            }
+            healthy = [p for p in range(PARTITIONS) if ports[p] != ports[0]]
+            assert healthy, "every partition on one master"
+            for p in range(PARTITIONS):  # every master's connection made first
+                await client.publish("quiet", b"warm", ordering_key=_key_of(p))
+            victim = next(s for s in cluster.servers if s.port == ports[0])
+            assert victim.process is not None
+            failures: list[str] = []
+
+            async def to_the_silent_one(n: int) -> None:
+                key = _key_of(0, n)
+                while True:
+                    try:
+                        await client.publish("quiet", b"lost", ordering_key=key)
+                    except streamsub.UnavailableError as exc:
+                        failures.append(str(exc)[:80])
+                    except streamsub.OrderingKeyPausedError:
+                        client.resume_publish("quiet", key)
+                    await asyncio.sleep(0.05)
+
+            os.kill(victim.process.pid, signal.SIGSTOP)
+            try:
+                stuck = [asyncio.create_task(to_the_silent_one(n)) for n in range(4)]
+                slow: list[tuple[int, float]] = []
+                returned = 0
+                until = time.monotonic() + SILENT_FOR
+                n = 0
+                while time.monotonic() < until:
+                    for p in healthy:
+                        for k in range(2):
+                            started = time.monotonic()
+                            message_id = await client.publish(
+                                "quiet", b"%d" % n, ordering_key=_key_of(p, k)
+                            )
+                            took = time.monotonic() - started
+                            assert message_id.startswith(f"{p}-")
+                            returned += 1
+                            if took > HEALTHY_WITHIN:
+                                slow.append((p, round(took, 2)))
+                    n += 1
+                for task in stuck:
+                    task.cancel()
+                await asyncio.gather(*stuck, return_exceptions=True)
+            finally:
+                os.kill(victim.process.pid, signal.SIGCONT)
+    # What this is about: the silent master's writes failed and were tried again.
+    assert failures, "no publish to the silent master failed: was it silent?"
+    assert returned >= 20
+    assert not slow, (
+        f"{len(slow)} of {returned} publishes to other masters waited for the silent one: "
+        f"{slow[:6]}"
+    )
