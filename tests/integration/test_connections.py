@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 import streamsub
 from streamsub._backends.base import TopicRecord
 from streamsub._backends.redis._backend import MAX_READ_BLOCK, SOCKET_TIMEOUT
-from streamsub._backends.redis._in_order import InOrderConnection
+from streamsub._backends.redis._in_order import InOrderConnection, NotReady
 from streamsub.testing import RedisServer
 from tests._layout import backend_class, stream_key
 from tests._proxy import Proxy
@@ -63,6 +63,45 @@ async def test_a_publishing_connection_reset_while_idle_is_replaced_before_use(
             reply = exc
         assert (reply == b"PONG") == survives, reply
         assert await connection.call_many([("PING",)]) == [b"PONG"]
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+@pytest.mark.standalone  # a TCP proxy in front of the one server
+async def test_a_send_that_may_not_connect_sends_nothing_until_made_ready(
+    server: RedisServer, proxy: Proxy
+) -> None:
+    """``send_many(connect=False)`` (the cluster appender's, under its routing
+    lock) raises NotReady and sends nothing where it would connect, PING an
+    idle connection, or wait for a ``ready()`` that is PINGing a silent one:
+    it returns at once, and the lock is not held for a silent server."""
+    port = await proxy.start("127.0.0.1", server.port)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=1.0)
+    connection = InOrderConnection(client, timeout=1.0, health_check_interval=3600.0)
+    count = [("INCR", "in-order-sends")]
+    try:
+        with pytest.raises(NotReady):  # not connected yet
+            await connection.send_many(count, connect=False)
+        await connection.ready()
+        (first,) = await connection.send_many(count, connect=False)
+        assert await first == 1
+        connection._health_check_interval = 0.0  # idle at once: a send PINGs first
+        proxy.drop()  # that connection is silent from now on
+        with pytest.raises(NotReady):
+            await connection.send_many(count, connect=False)
+        pinging = asyncio.ensure_future(connection.ready())
+        await asyncio.sleep(0.05)
+        connection._health_check_interval = 3600.0  # usable but for the PING under way
+        started = time.monotonic()
+        with pytest.raises(NotReady):
+            await connection.send_many(count, connect=False)
+        assert time.monotonic() - started < 0.5, "it waited for the PING"
+        with pytest.raises(redis.TimeoutError):
+            await pinging
+        await connection.ready()  # a new connection: the proxy forwards new ones
+        (second,) = await connection.send_many(count, connect=False)
+        assert await second == 2  # the refused sends sent nothing
     finally:
         await connection.close()
         await client.aclose()

@@ -134,7 +134,7 @@ from ._backend import (
     _script,
     redact,
 )
-from ._in_order import InOrderConnection
+from ._in_order import InOrderConnection, NotReady
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
 from ._slots import balanced_salts, key_slot
@@ -329,13 +329,15 @@ class _ClusterAppender:
     """In-order connections per node for appends, routed by a slot map of its own.
 
     The map changes only under ``_lock``, which is held while batches are
-    routed and sent (not while their replies are awaited), so a batch sent
-    again after a redirect leaves before any later batch of its slot.
+    routed and sent (not while their replies are awaited, nor while a
+    connection is made: :meth:`_connect_first`), so a batch sent again after
+    a redirect leaves before any later batch of its slot.
 
     A write for a node that refuses connections (a master killed and not yet
-    replaced) waits, and later writes for its slot wait behind it (``_tails``),
-    so they do not overtake it; writes for other slots go on at once (the lock
-    is not held while it waits).
+    replaced) or does not answer (a stopped process) waits, and later writes
+    for its slot wait behind it (``_tails``), so they do not overtake it;
+    writes for other slots go on at once (the lock is not held while it
+    waits).
     """
 
     def __init__(self, client: RedisCluster, *, timeout: float) -> None:
@@ -537,11 +539,18 @@ class _ClusterAppender:
                 go = [item for item in todo if ready(item)]
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
-                if go:
+                # A redirected write is sent again as it comes back, with no
+                # await before the lock: its order against the same slot's
+                # other redirected writes is that of the lock's queue. It may
+                # connect under the lock, as every write did before.
+                redirected = any(target is not None for _, target, _ in go)
+                if go and not redirected and self._needs_connecting(commands, go):
                     go, refused = await self._connect_first(commands, go)
                 if go:
                     async with self._lock:
-                        refused += await self._send_routed(commands, go, after, sent, waits, unsent)
+                        refused += await self._send_routed(
+                            commands, go, after, sent, waits, unsent, connect=redirected
+                        )
                 held = {slot_of(i) for i, _, _ in refused}
                 for i, _, _ in go:
                     if slot_of(i) not in held and slot_of(i) in mine:
@@ -565,33 +574,48 @@ class _ClusterAppender:
                 if self._tails.get(slot) is event:
                     del self._tails[slot]
 
+    def _needs_connecting(
+        self, commands: list[tuple[Any, ...]], todo: list[tuple[int, str | None, bool]]
+    ) -> bool:
+        """Whether a write of ``todo`` (none redirected) goes to a slot whose
+        node the appender does not know, or to a node whose connection is not
+        usable at once: the usual answer, no, costs a lone publish a few dict
+        lookups."""
+        slot_node, connections = self._slot_node, self._connections
+        for i, _, _ in todo:
+            name = slot_node.get(self._slot(commands[i][3]))
+            if name is None:
+                return True
+            connection = connections.get(name)
+            if connection is None or not connection.usable():
+                return True
+        return False
+
     async def _connect_first(
         self, commands: list[tuple[Any, ...]], todo: list[tuple[int, str | None, bool]]
     ) -> tuple[list[tuple[int, str | None, bool]], list[tuple[int, str | None, bool]]]:
-        """Make the connections to the nodes ``todo`` goes to usable (connect,
-        or PING one idle long) before the routing lock is taken, each node's at
-        once; return ``todo`` split into what may be sent and what goes to a
-        node that could not be reached (to be routed afresh, as a refused
-        connection is). A master that is silent (SIGSTOPped, its host cut off
-        without a reset) holds a try for the connect timeout: under the lock,
-        every write to the other masters waited for it.
+        """Make the connections to the nodes ``todo`` (no redirected write)
+        goes to usable (connect, or PING one idle long) before the routing lock
+        is taken, each node's at once; return ``todo`` split into what may be
+        sent and what goes to a node that could not be reached (routed afresh
+        after a pause, as a refused connection is). A master that is silent
+        (SIGSTOPped, its host cut off without a reset) holds a try for up to
+        the connect timeout: under the lock, every write to the other masters
+        waited for it. Under the lock these writes are sent with
+        ``connect=False``: a connection lost in between sends them back here.
 
         The node of a write is the one the lock's routing will pick (the map
-        changes only under the lock); redis-py's map is asked again here, not
-        there, when a lost connection made the appender forget where slots
-        are, and only for a write whose slot it forgot: a write to a healthy
-        master asks nothing of the silent one."""
+        changes only under the lock). After a lost connection made the
+        appender forget where that node's slots are, redis-py's map is asked
+        again here, not under the lock, and only by a write whose slot is
+        forgotten (redis-py may ask the silent node first)."""
         if self._refresh and any(
-            target is None and self._slot(commands[i][3]) not in self._slot_node
-            for i, target, _ in todo
+            self._slot(commands[i][3]) not in self._slot_node for i, _, _ in todo
         ):
             self._refresh = False
             await self._refresh_map()
         nodes: dict[int, str] = {}
-        for i, target, _ in todo:
-            if target is not None:
-                nodes[i] = target
-                continue
+        for i, _, _ in todo:
             slot = self._slot(commands[i][3])
             name = self._slot_node.get(slot)
             if name is None:
@@ -606,8 +630,6 @@ class _ClusterAppender:
             for name in set(nodes.values())
             if name not in connections or not connections[name].usable()
         ]
-        if not names:  # the usual case: nothing to wait for
-            return todo, []
         outcomes = await asyncio.gather(
             *(self._ready(name) for name in names), return_exceptions=True
         )
@@ -618,12 +640,10 @@ class _ClusterAppender:
                     raise outcome
                 unreached.add(name)
                 self._forget(name)
-                if isinstance(outcome, _NotConnected):
-                    self._connections.pop(name, None)
         if not unreached:
             return todo, []
         go = [item for item in todo if nodes.get(item[0]) not in unreached]
-        return go, [(i, None, False) for i, _, _ in todo if nodes.get(i) in unreached]
+        return go, [item for item in todo if nodes.get(item[0]) in unreached]
 
     async def _ready(self, name: str) -> None:
         await (await self._connection(name)).ready()
@@ -636,9 +656,12 @@ class _ClusterAppender:
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
+        *,
+        connect: bool,
     ) -> list[tuple[int, str | None, bool]]:
         """One try of :meth:`_send_all` (under the lock); return the commands of
-        nodes that refused a connection, to be routed afresh."""
+        nodes that refused a connection, or whose connection was not ready
+        (``connect=False``), to be routed afresh."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
         for i, target, asking in todo:
             slot = self._slot(commands[i][3])
@@ -654,7 +677,10 @@ class _ClusterAppender:
                 batch += [("ASKING",), commands[i]] if asking else [commands[i]]
             try:
                 connection = await self._connection(name)
-                futures = await connection.send_many(batch, after)
+                futures = await connection.send_many(batch, after, connect=connect)
+            except NotReady:  # nothing sent: made ready outside the lock next try
+                refused += [(i, None, False) for i, _ in items]
+                continue
             except _NotConnected:
                 self._forget(name)
                 self._connections.pop(name, None)

@@ -112,6 +112,11 @@ async def send_packed(connection: Any, packed: list[bytes]) -> None:
         raise rexc.ConnectionError(f"Error while writing to socket: {exc}") from exc
 
 
+class NotReady(rexc.ConnectionError):
+    """A send asked not to wait for a connection to be made (or PINGed, or
+    made ready by another task) found it so: nothing was sent."""
+
+
 class InOrderConnection:
     """One connection of ``client``'s pool, dedicated to in-order pipelining.
 
@@ -136,6 +141,7 @@ class InOrderConnection:
         self._send_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
         self._last_used = 0.0
+        self._readying = 0  # ready() calls in progress
         # The confirmation outstanding on the connection (its reply's future
         # and the calls it covers), and the calls sent after it that wait for
         # the next one.
@@ -172,7 +178,11 @@ class InOrderConnection:
         return replies
 
     async def send_many(
-        self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
+        self,
+        commands: list[tuple[Any, ...]],
+        confirm: tuple[Any, ...] | None = None,
+        *,
+        connect: bool = True,
     ) -> list[asyncio.Future[Any]]:
         """Send commands behind those already sent, in one write; return the
         futures of their replies (set to the exception for an error reply),
@@ -181,7 +191,13 @@ class InOrderConnection:
         reply of the confirmation that covers them, last: sent behind them
         now, or shared (see the module docstring).
         Once this returns the commands are on their way: a caller that sends
-        under a lock of its own orders them against other connections' too."""
+        under a lock of its own orders them against other connections' too.
+        With ``connect=False`` it raises :class:`NotReady`, sending nothing,
+        where it would first connect, PING an idle connection, or wait for a
+        :meth:`ready` in progress: such a caller makes the connection ready
+        outside its lock."""
+        if not connect and (self._readying or not self.usable()):
+            raise NotReady("the connection is not ready: nothing was sent")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         futures = [loop.create_future() for _ in commands]
@@ -192,6 +208,8 @@ class InOrderConnection:
             self._confirm_command = confirm
         try:
             async with asyncio.timeout_at(deadline), self._send_lock:
+                if not connect and not self.usable():  # lost while waiting for the lock
+                    raise NotReady("the connection was lost: nothing was sent")
                 connection = await self._usable_connection(loop)
                 sent = list(commands)
                 replies = list(futures)
@@ -293,13 +311,18 @@ class InOrderConnection:
         """Connect (or, idle long, PING) now, sending nothing: a caller that
         sends under a lock of its own waits here for a slow or silent server,
         not under that lock. Raises as :meth:`send_many` would have; the
-        connection's own lock and time limit apply."""
+        connection's own lock and time limit apply, and a ``send_many(...,
+        connect=False)`` meanwhile raises :class:`NotReady` rather than wait
+        for it."""
         loop = asyncio.get_running_loop()
+        self._readying += 1
         try:
             async with asyncio.timeout(self._timeout), self._send_lock:
                 await self._usable_connection(loop)
         except TimeoutError:  # asyncio's: connecting stalled
             raise self._timed_out() from None
+        finally:
+            self._readying -= 1
 
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
