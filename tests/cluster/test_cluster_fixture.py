@@ -65,3 +65,18 @@ def test_two_nodes_never_get_one_port(tmp_path: Path, monkeypatch: pytest.Monkey
             assert len({info["primary"][1] for info in client.cluster_slots().values()}) == 2
         finally:
             client.close()
+
+
+def test_ports_and_bus_ports_are_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their local ports from 32768 up (the kernel's
+    default ephemeral range), so a node's port or bus port there could be
+    taken between its pick and its start. 300 picks: each pair below it, and
+    none sharing a port with a pair picked before it."""
+    taken: list[int] = []
+    for _ in range(300):
+        port = _free_port_pair(taken)
+        assert port >= 1024, port
+        assert port + 10000 < 32768, port
+        earlier = set(taken) | {t + 10000 for t in taken}
+        assert not {port, port + 10000} & earlier, port
+        taken.append(port)

@@ -74,8 +74,9 @@ async def test_a_send_that_may_not_connect_sends_nothing_until_made_ready(
 ) -> None:
     """``send_many(connect=False)`` (the cluster appender's, under its routing
     lock) raises NotReady and sends nothing where it would connect, PING an
-    idle connection, or wait for a ``ready()`` that is PINGing a silent one:
-    it returns at once, and the lock is not held for a silent server."""
+    idle connection, or wait for a ``ready()`` that is PINGing a silent one
+    (holding the connection's own lock): it returns at once, and the routing
+    lock is not held for a silent server."""
     port = await proxy.start("127.0.0.1", server.port)
     client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=1.0)
     connection = InOrderConnection(client, timeout=1.0, health_check_interval=3600.0)
@@ -92,13 +93,13 @@ async def test_a_send_that_may_not_connect_sends_nothing_until_made_ready(
             await connection.send_many(count, connect=False)
         pinging = asyncio.ensure_future(connection.ready())
         await asyncio.sleep(0.05)
-        connection._health_check_interval = 3600.0  # usable but for the PING under way
         started = time.monotonic()
         with pytest.raises(NotReady):
             await connection.send_many(count, connect=False)
         assert time.monotonic() - started < 0.5, "it waited for the PING"
         with pytest.raises(redis.TimeoutError):
             await pinging
+        connection._health_check_interval = 3600.0
         await connection.ready()  # a new connection: the proxy forwards new ones
         (second,) = await connection.send_many(count, connect=False)
         assert await second == 2  # the refused sends sent nothing

@@ -361,6 +361,9 @@ class _ClusterAppender:
             if node is None:  # a node redis-py has not seen yet (say, added since)
                 await self._client.nodes_manager.initialize()
                 node = self._client.get_node(node_name=name)
+                made = self._connections.get(name)  # by another call meanwhile
+                if made is not None:
+                    return made
             if node is None:
                 raise rexc.ConnectionError(f"the cluster has no node {name}")
             connection = self._connections[name] = InOrderConnection(
@@ -545,7 +548,11 @@ class _ClusterAppender:
                 # connect under the lock, as every write did before.
                 redirected = any(target is not None for _, target, _ in go)
                 if go and not redirected and self._needs_connecting(commands, go):
-                    go, refused = await self._connect_first(commands, go)
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            go, refused = await self._connect_first(commands, go)
+                    except TimeoutError:  # asyncio's: no try left in the write's time
+                        go, refused = [], go
                 if go:
                     async with self._lock:
                         refused += await self._send_routed(
@@ -598,17 +605,20 @@ class _ClusterAppender:
         goes to usable (connect, or PING one idle long) before the routing lock
         is taken, each node's at once; return ``todo`` split into what may be
         sent and what goes to a node that could not be reached (routed afresh
-        after a pause, as a refused connection is). A master that is silent
-        (SIGSTOPped, its host cut off without a reset) holds a try for up to
-        the connect timeout: under the lock, every write to the other masters
-        waited for it. Under the lock these writes are sent with
-        ``connect=False``: a connection lost in between sends them back here.
+        after a pause, as a refused connection is, while the write's time
+        lasts). A master that is silent (SIGSTOPped, its host cut off without
+        a reset) holds a try for up to the socket timeout (the kernel takes the
+        connection; the handshake waits for an answer), usually the write's
+        whole time: under the lock, every write to the other masters waited
+        for it. Under the lock these writes are sent with ``connect=False``: a
+        connection lost in between sends them back here.
 
         The node of a write is the one the lock's routing will pick (the map
         changes only under the lock). After a lost connection made the
         appender forget where that node's slots are, redis-py's map is asked
-        again here, not under the lock, and only by a write whose slot is
-        forgotten (redis-py may ask the silent node first)."""
+        again here, not under the lock (:meth:`_send_routed` sends such a
+        write back), and only by a write whose slot is forgotten: redis-py
+        may ask the silent node first."""
         if self._refresh and any(
             self._slot(commands[i][3]) not in self._slot_node for i, _, _ in todo
         ):
@@ -663,14 +673,19 @@ class _ClusterAppender:
         nodes that refused a connection, or whose connection was not ready
         (``connect=False``), to be routed afresh."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
+        refused: list[tuple[int, str | None, bool]] = []
         for i, target, asking in todo:
             slot = self._slot(commands[i][3])
             if target is None:
+                if not connect and self._refresh and slot not in self._slot_node:
+                    # The map is asked again outside the lock (_connect_first):
+                    # redis-py may ask a silent node first.
+                    refused.append((i, None, False))
+                    continue
                 target = await self._node_for(slot)
             elif not asking:  # MOVED: the slot's new home, from now on
                 self._slot_node[slot] = target
             by_node.setdefault(target, []).append((i, asking))
-        refused: list[tuple[int, str | None, bool]] = []
         for name, items in by_node.items():
             batch: list[tuple[Any, ...]] = []
             for i, asking in items:

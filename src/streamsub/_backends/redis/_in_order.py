@@ -113,8 +113,8 @@ async def send_packed(connection: Any, packed: list[bytes]) -> None:
 
 
 class NotReady(rexc.ConnectionError):
-    """A send asked not to wait for a connection to be made (or PINGed, or
-    made ready by another task) found it so: nothing was sent."""
+    """A send asked not to wait for a connection to be made (or PINGed) found
+    it so: nothing was sent."""
 
 
 class InOrderConnection:
@@ -141,7 +141,6 @@ class InOrderConnection:
         self._send_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
         self._last_used = 0.0
-        self._readying = 0  # ready() calls in progress
         # The confirmation outstanding on the connection (its reply's future
         # and the calls it covers), and the calls sent after it that wait for
         # the next one.
@@ -193,10 +192,10 @@ class InOrderConnection:
         Once this returns the commands are on their way: a caller that sends
         under a lock of its own orders them against other connections' too.
         With ``connect=False`` it raises :class:`NotReady`, sending nothing,
-        where it would first connect, PING an idle connection, or wait for a
-        :meth:`ready` in progress: such a caller makes the connection ready
+        where it would first connect or PING an idle connection (or wait for
+        a :meth:`ready` doing so): such a caller makes the connection ready
         outside its lock."""
-        if not connect and (self._readying or not self.usable()):
+        if not connect and not self.usable():
             raise NotReady("the connection is not ready: nothing was sent")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
@@ -311,18 +310,16 @@ class InOrderConnection:
         """Connect (or, idle long, PING) now, sending nothing: a caller that
         sends under a lock of its own waits here for a slow or silent server,
         not under that lock. Raises as :meth:`send_many` would have; the
-        connection's own lock and time limit apply, and a ``send_many(...,
+        connection's own lock and time limit apply. While it connects or
+        PINGs, the connection is not :meth:`usable`: a ``send_many(...,
         connect=False)`` meanwhile raises :class:`NotReady` rather than wait
         for it."""
         loop = asyncio.get_running_loop()
-        self._readying += 1
         try:
             async with asyncio.timeout(self._timeout), self._send_lock:
                 await self._usable_connection(loop)
         except TimeoutError:  # asyncio's: connecting stalled
             raise self._timed_out() from None
-        finally:
-            self._readying -= 1
 
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
