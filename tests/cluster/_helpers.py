@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+import streamsub
 from streamsub._backends.redis import _keys
 from streamsub._backends.redis._slots import key_slot
 from streamsub.testing import ACL_RULE, RedisClusterServers
+
+
+async def publish_again_and_again(
+    client: streamsub.Client, topic: str, key: str, failures: list[str]
+) -> None:
+    """Publish under ``key`` until cancelled, as a client that retries would:
+    the text of each UnavailableError goes to ``failures``, and a key paused
+    by a failed publish is resumed."""
+    while True:
+        try:
+            await client.publish(topic, b"again", ordering_key=key)
+        except streamsub.UnavailableError as exc:
+            failures.append(str(exc))
+        except streamsub.OrderingKeyPausedError:
+            client.resume_publish(topic, key)
+        await asyncio.sleep(0.05)
 
 
 def partition_tags(cluster: RedisClusterServers, topic: str) -> list[str]:

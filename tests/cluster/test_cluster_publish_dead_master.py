@@ -20,7 +20,12 @@ import streamsub
 from streamsub._backends.redis import _keys
 from streamsub._engine.publisher import MAX_IN_FLIGHT
 from streamsub.testing import RedisClusterServers
-from tests.cluster._helpers import owner_port, partition_slot, partition_tags
+from tests.cluster._helpers import (
+    owner_port,
+    partition_slot,
+    partition_tags,
+    publish_again_and_again,
+)
 
 PARTITIONS = 6
 HEALTHY_WITHIN = 3.0
@@ -65,18 +70,10 @@ async def test_publishes_to_healthy_masters_do_not_wait_for_a_dead_one(
         victim = next(s for s in cluster.servers if s.port == ports[0])
         victim.kill()
         failed: list[str] = []
-
-        async def to_the_dead_one(key: str) -> None:
-            while True:
-                try:
-                    await client.publish("halves", b"dead", ordering_key=key)
-                except streamsub.UnavailableError as exc:
-                    failed.append(str(exc)[:80])
-                except streamsub.OrderingKeyPausedError:
-                    client.resume_publish("halves", key)
-                await asyncio.sleep(0.05)
-
-        stuck = [asyncio.create_task(to_the_dead_one(k)) for k in _keys_of(0, 8)]
+        stuck = [
+            asyncio.create_task(publish_again_and_again(client, "halves", k, failed))
+            for k in _keys_of(0, 8)
+        ]
         await asyncio.sleep(0.5)
         slow: list[tuple[int, float]] = []
         for n in range(20):

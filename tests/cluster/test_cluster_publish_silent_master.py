@@ -18,7 +18,7 @@ import pytest
 import streamsub
 from streamsub._backends.redis._cluster import RedisClusterBackend
 from streamsub.testing import redis_cluster
-from tests.cluster._helpers import owner_port, partition_slot
+from tests.cluster._helpers import owner_port, partition_slot, publish_again_and_again
 from tests.cluster.conftest import SLOW_NODE_TIMEOUT_MS
 
 PARTITIONS = 6
@@ -84,19 +84,12 @@ async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
             assert victim.process is not None
             failures: list[str] = []
 
-            async def to_the_silent_one(key: str) -> None:
-                while True:
-                    try:
-                        await client.publish("quiet", b"lost", ordering_key=key)
-                    except streamsub.UnavailableError as exc:
-                        failures.append(str(exc))
-                    except streamsub.OrderingKeyPausedError:
-                        client.resume_publish("quiet", key)
-                    await asyncio.sleep(0.05)
-
             os.kill(victim.process.pid, signal.SIGSTOP)
             try:
-                stuck = [asyncio.create_task(to_the_silent_one(key)) for key in keys[0]]
+                stuck = [
+                    asyncio.create_task(publish_again_and_again(client, "quiet", key, failures))
+                    for key in keys[0]
+                ]
                 slow: list[tuple[int, float]] = []
                 returned = 0
                 until = time.monotonic() + SILENT_FOR
