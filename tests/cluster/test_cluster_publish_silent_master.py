@@ -1,9 +1,10 @@
 """Publishing while one master is silent: SIGSTOPped, so the kernel still takes
 its connections but nothing answers (a hung process, a host cut off without a
 reset). Writes to it wait for a connection that never becomes usable, each try
-bounded by the connect timeout; the question is what the publishes to the
-other masters wait meanwhile. They must not wait for the silent one: each
-master has its own writes (README, Redis Cluster, Failover)."""
+bounded by the socket timeout (the handshake gets no answer); the question is
+what the publishes to the other masters wait meanwhile. They must not wait for
+the silent one: each master has its own writes (README, Redis Cluster,
+Failover)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from tests.cluster.conftest import SLOW_NODE_TIMEOUT_MS
 
 PARTITIONS = 6
 SOCKET_TIMEOUT = 2.0
-"""The client's socket timeout, and so its connect timeout (the lower of it
-and 5 s): what one try to connect to the silent master holds."""
+"""The client's socket timeout: what one try to reach the silent master holds
+(the kernel takes the connection; the handshake waits for an answer)."""
 HEALTHY_WITHIN = 1.0
-"""Seconds a publish to a healthy master's partition may take: half a
-connect timeout, with room for a loaded 2-core machine."""
+"""Seconds a publish to a healthy master's partition may take: half the socket
+timeout, with room for a loaded 2-core machine."""
 SILENT_FOR = 8.0
 """Seconds of publishing with the master silent: past the first writes' reply
 timeout (2 s) and the next writes' tries to reach it (each up to 2 s: the
@@ -105,5 +106,5 @@ async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
     )
     assert returned >= 20
     # What this is about: writes to the silent master waited to reach it (a
-    # new connection, or a PING), outside the lock, until their time was up.
+    # new connection), outside the lock, until their time was up.
     assert any("does not answer" in failure for failure in failures), failures[:3]
