@@ -373,7 +373,7 @@ class _ClusterAppender:
             )
         return connection
 
-    def node_of(self, key: str) -> str | None:
+    def node_of(self, key: Any) -> str | None:
         """The node this appender last routed ``key``'s slot to, else the one
         redis-py's map names (no I/O); None when neither knows."""
         slot = self._slot(key)
@@ -626,14 +626,9 @@ class _ClusterAppender:
             await self._refresh_map()
         nodes: dict[int, str] = {}
         for i, _, _ in todo:
-            slot = self._slot(commands[i][3])
-            name = self._slot_node.get(slot)
-            if name is None:
-                try:
-                    name = self._client.nodes_manager.get_node_from_slot(slot).name
-                except (rexc.RedisError, rexc.RedisClusterException, *_REDIS_PY_TRIPS):
-                    continue  # the routing under the lock finds out, and says why
-            nodes[i] = name
+            name = self.node_of(commands[i][3])
+            if name is not None:  # else the routing under the lock finds out, and says why
+                nodes[i] = name
         connections = self._connections
         names = [
             name
