@@ -13,13 +13,21 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import streamsub
+from streamsub._backends.redis import _cluster, _keys
 from streamsub._backends.redis._cluster import RedisClusterBackend
-from streamsub.testing import redis_cluster
-from tests.cluster._helpers import owner_port, partition_slot, publish_again_and_again
+from streamsub._backends.redis._in_order import InOrderConnection, NotReady
+from streamsub.testing import RedisClusterServers, redis_cluster
+from tests.cluster._helpers import (
+    owner_port,
+    partition_slot,
+    partition_tags,
+    publish_again_and_again,
+)
 from tests.cluster.conftest import SLOW_NODE_TIMEOUT_MS
 
 PARTITIONS = 6
@@ -42,8 +50,9 @@ def _keys_of(partition: int, count: int) -> list[str]:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("connections", ["reconnect", "idle"])
 async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
-    tmp_path: Path,
+    tmp_path: Path, connections: str
 ) -> None:
     """Partition 0's master is SIGSTOPped for 8 s (no replicas, and a node
     timeout of 15 s: nothing takes over, and the cluster stays up). Four
@@ -52,7 +61,11 @@ async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
     the other under two keys each, return their ids within 1 s each. Before,
     every try to reach the silent master held the appender's routing lock for
     up to the socket timeout, and the other masters' writes waited behind it
-    (a publish took 2.01 s, three times in a run)."""
+    (a publish took 2.01 s, three times in a run).
+
+    ``idle``: the appender's connections count as idle after 0.2 s (30 s in
+    use), so each write first PINGs its master's connection; the silent
+    master's PING waits out the socket timeout, which held the lock too."""
     # A node timeout past the silence: the other masters do not mark it failed
     # (and, with no replica, the cluster down) while the test runs.
     with redis_cluster(
@@ -70,6 +83,12 @@ async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
             keys = {p: _keys_of(p, 4) for p in range(PARTITIONS)}  # worked out before the clock
             for p in range(PARTITIONS):  # every master's connection made first
                 await client.publish("quiet", b"warm", ordering_key=keys[p][0])
+            if connections == "idle":
+                made = backend._appender._connections
+                assert len(made) == 3
+                for connection in made.values():
+                    connection._health_check_interval = 0.2
+                await asyncio.sleep(0.3)
             victim = next(s for s in cluster.servers if s.port == ports[0])
             assert victim.process is not None
             failures: list[str] = []
@@ -108,3 +127,76 @@ async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
     # What this is about: writes to the silent master waited to reach it (a
     # new connection), outside the lock, until their time was up.
     assert any("does not answer" in failure for failure in failures), failures[:3]
+
+
+async def test_writes_found_not_ready_under_the_lock_go_back_at_once(
+    emptied: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes whose connection the check made ready, and which then waited for
+    the routing lock until it was idle again, raise NotReady under the lock and
+    go back to the check at once: their masters answer, so they take none of
+    the pauses meant for a master that refuses connections or does not answer
+    (50 ms, doubling; a write that went back several times took 1.33 s). Three
+    publishes under each of two keys of every partition, on all three masters;
+    each is stored once, and in order."""
+    not_ready = 0
+    send_many = InOrderConnection.send_many
+
+    async def counting(self: InOrderConnection, *args: Any, **kwargs: Any) -> Any:
+        nonlocal not_ready
+        try:
+            return await send_many(self, *args, **kwargs)
+        except NotReady:
+            not_ready += 1
+            raise
+
+    pauses: list[float] = []
+    first_set = _cluster._first_set
+
+    async def recording(events: set[asyncio.Event], timeout: float | None) -> None:
+        if timeout is not None:
+            pauses.append(timeout)
+        await first_set(events, timeout)
+
+    monkeypatch.setattr(InOrderConnection, "send_many", counting)
+    monkeypatch.setattr(_cluster, "_first_set", recording)
+    backend = RedisClusterBackend(emptied.url, socket_timeout=SOCKET_TIMEOUT)
+    async with streamsub.connect(backend=backend) as client:
+        await client.create_topic("idle", partitions=PARTITIONS)
+        keys = {p: _keys_of(p, 2) for p in range(PARTITIONS)}
+        for p in range(PARTITIONS):  # every master's connection made first
+            await client.publish("idle", b"warm", ordering_key=keys[p][0])
+        appender = backend._appender
+        assert len(appender._connections) == 3
+        for connection in appender._connections.values():
+            connection._health_check_interval = 0.2
+        await asyncio.sleep(0.3)  # every connection idle: the check PINGs them
+
+        async with appender._lock:
+            publishes = [
+                asyncio.create_task(client.publish("idle", f"{key}:{n}".encode(), ordering_key=key))
+                for n in range(3)
+                for p in range(PARTITIONS)
+                for key in keys[p]
+            ]
+            await asyncio.sleep(0.3)  # checked, queued at the lock, and idle again
+        ids = await asyncio.gather(*publishes)
+
+    assert len(set(ids)) == len(publishes)
+    assert not_ready >= 3, "the premise: every master's writes found it idle again"
+    assert pauses == [], "a write whose master answered paused as for one that does not"
+    inspect = emptied.client()
+    try:
+        for p, tag in enumerate(partition_tags(emptied, "idle")):
+            bodies = [
+                fields[b"d"].decode()
+                for _, fields in inspect.xrange(_keys.stream_key(tag))
+                if fields[b"d"] != b"warm"
+            ]
+            assert sorted(bodies) == sorted(f"{key}:{n}" for n in range(3) for key in keys[p])
+            for key in keys[p]:  # each key's in the order published
+                assert [b for b in bodies if b.startswith(f"{key}:")] == [
+                    f"{key}:{n}" for n in range(3)
+                ]
+    finally:
+        inspect.close()

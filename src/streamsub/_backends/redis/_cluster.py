@@ -533,15 +533,31 @@ class _ClusterAppender:
                     behind[slot] = previous
                 mine[slot] = self._tails[slot] = asyncio.Event()
 
+        def unreached(items: list[tuple[int, str | None, bool]]) -> None:
+            for i, _, _ in items:
+                unsent[i] = _NotConnected(
+                    f"no node took slot {slot_of(i)} within {self._timeout:g} s: "
+                    "its master refuses connections, or does not answer"
+                )
+
         def ready(item: tuple[int, str | None, bool]) -> bool:
             previous = behind.get(slot_of(item[0]))
             return item[1] is not None or previous is None or previous.is_set()
 
+        # Writes whose node refused or could not be reached, routed afresh once
+        # their pause is over; a write whose connection was found not ready
+        # under the lock goes back to the check at once (its node answered
+        # the check a moment ago: the pause is for nodes that do not).
+        paused: list[tuple[int, str | None, bool]] = []
+        resume = 0.0
         try:
-            while todo:
+            while todo or paused:
+                if paused and loop.time() >= resume:
+                    todo, paused = todo + paused, []
                 go = [item for item in todo if ready(item)]
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
+                again: list[tuple[int, str | None, bool]] = []
                 # A redirected write is sent again as it comes back, with no
                 # await before the lock: its order against the same slot's
                 # other redirected writes is that of the lock's queue. It may
@@ -555,26 +571,29 @@ class _ClusterAppender:
                         go, refused = [], go
                 if go:
                     async with self._lock:
-                        refused += await self._send_routed(
-                            commands, go, after, sent, waits, unsent, connect=redirected
+                        again = await self._send_routed(
+                            commands, go, after, sent, waits, unsent, refused, connect=redirected
                         )
-                held = {slot_of(i) for i, _, _ in refused}
+                held = {slot_of(i) for i, _, _ in refused + again}
                 for i, _, _ in go:
                     if slot_of(i) not in held and slot_of(i) in mine:
                         mine[slot_of(i)].set()
                 if refused and loop.time() + pause > deadline:
-                    for i, _, _ in refused:
-                        unsent[i] = _NotConnected(
-                            f"no node took slot {slot_of(i)} within {self._timeout:g} s: "
-                            "its master refuses connections, or does not answer"
-                        )
+                    unreached(refused)
                     refused = []
-                todo = waiting + refused  # a slot's writes are all in one of the two
-                if todo:
+                if again and loop.time() >= deadline:
+                    unreached(again)
+                    again = []
+                if refused:
+                    paused += refused
+                    resume = loop.time() + pause
+                    pause = min(pause * 2, 1.0)
+                todo = waiting + again  # a slot's writes are all in one of the three
+                if again:
+                    continue
+                if todo or paused:
                     events = {behind[slot_of(i)] for i, _, _ in waiting}
-                    await _first_set(events, pause if refused else None)
-                    if refused:
-                        pause = min(pause * 2, 1.0)
+                    await _first_set(events, max(0.0, resume - loop.time()) if paused else None)
         finally:
             for slot, event in mine.items():
                 event.set()
@@ -661,21 +680,23 @@ class _ClusterAppender:
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
+        refused: list[tuple[int, str | None, bool]],
         *,
         connect: bool,
     ) -> list[tuple[int, str | None, bool]]:
-        """One try of :meth:`_send_all` (under the lock); return the commands of
-        nodes that refused a connection, or whose connection was not ready
-        (``connect=False``), to be routed afresh."""
+        """One try of :meth:`_send_all` (under the lock). The commands of nodes
+        that refused a connection go to ``refused``, to be routed afresh after
+        a pause; return those to be checked again at once: their connection
+        was not ready (``connect=False``), or their slot was forgotten."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
-        refused: list[tuple[int, str | None, bool]] = []
+        again: list[tuple[int, str | None, bool]] = []
         for i, target, asking in todo:
             slot = self._slot(commands[i][3])
             if target is None:
                 if not connect and self._refresh and slot not in self._slot_node:
                     # The map is asked again outside the lock (_connect_first):
                     # redis-py may ask a silent node first.
-                    refused.append((i, None, False))
+                    again.append((i, None, False))
                     continue
                 target = await self._node_for(slot)
             elif not asking:  # MOVED: the slot's new home, from now on
@@ -689,7 +710,7 @@ class _ClusterAppender:
                 connection = await self._connection(name)
                 futures = await connection.send_many(batch, after, connect=connect)
             except NotReady:  # nothing sent: made ready outside the lock next try
-                refused += [(i, None, False) for i, _ in items]
+                again += [(i, None, False) for i, _ in items]
                 continue
             except _NotConnected:
                 self._forget(name)
@@ -708,7 +729,7 @@ class _ClusterAppender:
                 waits[name] = futures.pop()
             futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
             sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
-        return refused
+        return again
 
     def _forget(self, name: str) -> None:
         """A node's connection broke: route its slots afresh next time (it may be
