@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 
 import pytest
 import redis
 
 import streamsub
+from streamsub.testing import RedisServer
 from tests._layout import stream_key
 from tests._wait import until
 from tests.conftest import ON_CLUSTER
@@ -125,6 +127,57 @@ async def test_max_messages_50_over_a_backlog_of_100000(client: streamsub.Client
     # about 2,300 on a cluster, whose slower handlers keep the budget full.)
     assert pauses >= 2, f"reading paused {pauses} times at full load, or never resumed"
     assert growth < 30 * 2**20, f"memory grew by {growth / 2**20:.1f} MiB"
+
+
+@pytest.mark.standalone  # the reads are watched in a private server's slow log
+async def test_a_huge_max_messages_reads_a_deep_backlog_a_bounded_read_at_a_time(
+    private_server: RedisServer,
+) -> None:
+    """max_messages of 1,000,000 over a backlog of 12,000 messages in 4
+    partitions: every message is handled once, and no read asks for more than
+    1,000 messages (MAX_READ) over its partitions, where one read asked for a
+    third of max_messages, the whole backlog in one reply. Each command the
+    server runs is in its slow log (threshold 0), with its arguments."""
+    admin = redis.Redis.from_url(private_server.url)
+    try:
+        async with streamsub.connect(private_server.url) as client:
+            await client.create_topic("deep", partitions=4)
+            await client.create_subscription("deep-sub", topic="deep")
+            for chunk in range(3):
+                await client.publish_many(
+                    "deep",
+                    [
+                        streamsub.OutgoingMessage(data=b"%d" % n, ordering_key=f"k{n % 40}")
+                        for n in range(chunk * 4_000, (chunk + 1) * 4_000)
+                    ],
+                )
+            admin.config_set("slowlog-max-len", 100_000)
+            admin.config_set("slowlog-log-slower-than", 0)
+            admin.slowlog_reset()
+            handled: collections.Counter[bytes] = collections.Counter()
+
+            def handler(message: streamsub.Message) -> None:  # a plain def
+                handled[message.data] += 1
+
+            flow = streamsub.FlowControl(max_messages=1_000_000)
+            async with client.subscribe("deep-sub", handler, flow_control=flow):
+                await until(lambda: len(handled) == 12_000, 60, "all 12,000 handled")
+            admin.config_set("slowlog-log-slower-than", 10_000)
+            reads = [
+                entry["command"].split()
+                for entry in admin.slowlog_get(100_000)
+                if entry["command"].upper().startswith(b"XREADGROUP")
+            ]
+    finally:
+        admin.close()
+    assert set(handled.values()) == {1}
+    asked = []
+    for args in reads:  # XREADGROUP GROUP g c COUNT n [BLOCK ms] STREAMS k... id...
+        count = int(args[args.index(b"COUNT") + 1])
+        streams = (len(args) - args.index(b"STREAMS") - 1) // 2
+        asked.append(count * streams)
+    assert max(asked) <= 1_000, sorted(asked)[-5:]
+    assert len(asked) >= 12, f"the premise: reads of the backlog seen ({len(asked)})"
 
 
 async def test_delete_subscription_raises_what_the_server_refused(

@@ -72,6 +72,11 @@ READ_SHARE = 3
 """Each read reserves at most a third of max_messages, so that while reads wait
 on an idle server the reclaimer still finds room at once (a nack due now is
 swept without waiting for a read's block to end)."""
+MAX_READ = 1_000
+"""Messages one read asks for at most, over all its partitions (a third of
+``max_messages`` up to this), as Kafka's ``max.poll.records`` bounds a poll: a
+huge ``max_messages`` over a deep backlog read it in one reply, which held the
+server while it was built and the client's memory at once."""
 FLUSH_TIMEOUT = 3.0
 """Seconds the settler has to send what is queued when the subscriber stops."""
 _CLEANUP = 0.25
@@ -201,7 +206,7 @@ class Receiver:
             threads=handler_threads,
         )
         self._inventory.connect(self._start if ordered else self._dispatcher.start)
-        share = max(1, -(-flow_control.max_messages // READ_SHARE))
+        share = min(MAX_READ, max(1, -(-flow_control.max_messages // READ_SHARE)))
         self._readers = [
             Reader(
                 **common,
