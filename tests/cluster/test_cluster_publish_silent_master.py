@@ -22,6 +22,7 @@ from streamsub._backends.redis import _cluster, _keys
 from streamsub._backends.redis._cluster import RedisClusterBackend
 from streamsub._backends.redis._in_order import InOrderConnection, NotReady
 from streamsub.testing import RedisClusterServers, redis_cluster
+from tests._wait import until
 from tests.cluster._helpers import (
     owner_port,
     partition_slot,
@@ -139,15 +140,14 @@ async def test_writes_found_not_ready_under_the_lock_go_back_at_once(
     (50 ms, doubling; a write that went back several times took 1.33 s). Three
     publishes under each of two keys of every partition, on all three masters;
     each is stored once, and in order."""
-    not_ready = 0
+    not_ready: set[int] = set()  # the connections that raised it
     send_many = InOrderConnection.send_many
 
     async def counting(self: InOrderConnection, *args: Any, **kwargs: Any) -> Any:
-        nonlocal not_ready
         try:
             return await send_many(self, *args, **kwargs)
         except NotReady:
-            not_ready += 1
+            not_ready.add(id(self))
             raise
 
     pauses: list[float] = []
@@ -167,23 +167,27 @@ async def test_writes_found_not_ready_under_the_lock_go_back_at_once(
         for p in range(PARTITIONS):  # every master's connection made first
             await client.publish("idle", b"warm", ordering_key=keys[p][0])
         appender = backend._appender
-        assert len(appender._connections) == 3
-        for connection in appender._connections.values():
+        connections = list(appender._connections.values())
+        assert len(connections) == 3
+        for connection in connections:
             connection._health_check_interval = 0.2
         await asyncio.sleep(0.3)  # every connection idle: the check PINGs them
 
         async with appender._lock:
+            checked = asyncio.get_running_loop().time()
             publishes = [
                 asyncio.create_task(client.publish("idle", f"{key}:{n}".encode(), ordering_key=key))
                 for n in range(3)
                 for p in range(PARTITIONS)
                 for key in keys[p]
             ]
-            await asyncio.sleep(0.3)  # checked, queued at the lock, and idle again
+            # Checked (each connection PINGed), queued at the lock, and idle again.
+            await until(lambda: all(c._last_used > checked for c in connections), 10, "three PINGs")
+            await asyncio.sleep(0.3)
         ids = await asyncio.gather(*publishes)
 
     assert len(set(ids)) == len(publishes)
-    assert not_ready >= 3, "the premise: every master's writes found it idle again"
+    assert len(not_ready) == 3, "the premise: every master's writes found it idle again"
     assert pauses == [], "a write whose master answered paused as for one that does not"
     inspect = emptied.client()
     try:

@@ -508,11 +508,14 @@ class _ClusterAppender:
         Writes of one slot leave in the order of the calls: as a call begins it
         queues, per slot, behind the previous call with a write for that slot,
         and a write leaves once the one before it left. A node that refuses a
-        new connection (a master killed and not yet replaced) got nothing: its
-        commands are routed afresh from a new view of the cluster and sent
-        again, with growing pauses, until the socket timeout; so a publish
-        stalls through a failover instead of failing. Only the writes queued
-        behind them in their slots wait: the lock is let go between tries."""
+        new connection (a master killed and not yet replaced), or does not
+        answer the try to reach it, got nothing: its commands are routed
+        afresh from a new view of the cluster and sent again, with growing
+        pauses, until the socket timeout; so a publish stalls through a
+        failover instead of failing. Only the writes queued behind them in
+        their slots wait: the lock is let go between tries. A write whose
+        connection the check made ready, and which found it idle again under
+        the lock, goes back to the check at once: its node answered."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         pause = 0.05
@@ -533,27 +536,28 @@ class _ClusterAppender:
                     behind[slot] = previous
                 mine[slot] = self._tails[slot] = asyncio.Event()
 
-        def unreached(items: list[tuple[int, str | None, bool]]) -> None:
+        def unreached(items: list[tuple[int, str | None, bool]], why: str) -> None:
             for i, _, _ in items:
                 unsent[i] = _NotConnected(
-                    f"no node took slot {slot_of(i)} within {self._timeout:g} s: "
-                    "its master refuses connections, or does not answer"
+                    f"no node took slot {slot_of(i)} within {self._timeout:g} s: {why}"
                 )
 
         def ready(item: tuple[int, str | None, bool]) -> bool:
             previous = behind.get(slot_of(item[0]))
             return item[1] is not None or previous is None or previous.is_set()
 
-        # Writes whose node refused or could not be reached, routed afresh once
-        # their pause is over; a write whose connection was found not ready
-        # under the lock goes back to the check at once (its node answered
-        # the check a moment ago: the pause is for nodes that do not).
-        paused: list[tuple[int, str | None, bool]] = []
-        resume = 0.0
+        # Writes whose node refused or could not be reached (or whose slot was
+        # forgotten), each try's routed afresh once its pause is over; a write
+        # whose connection was found not ready under the lock goes back to the
+        # check at once (its node answered the check a moment ago: the pauses
+        # are for nodes that do not).
+        paused: list[tuple[float, list[tuple[int, str | None, bool]]]] = []
         try:
             while todo or paused:
-                if paused and loop.time() >= resume:
-                    todo, paused = todo + paused, []
+                if paused and loop.time() >= paused[0][0]:
+                    now = loop.time()
+                    todo = todo + [item for at, items in paused if at <= now for item in items]
+                    paused = [(at, items) for at, items in paused if at > now]
                 go = [item for item in todo if ready(item)]
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
@@ -579,21 +583,21 @@ class _ClusterAppender:
                     if slot_of(i) not in held and slot_of(i) in mine:
                         mine[slot_of(i)].set()
                 if refused and loop.time() + pause > deadline:
-                    unreached(refused)
+                    unreached(refused, "its master refuses connections, or does not answer")
                     refused = []
                 if again and loop.time() >= deadline:
-                    unreached(again)
+                    unreached(again, "its master answered, but its turn to be sent came too late")
                     again = []
                 if refused:
-                    paused += refused
-                    resume = loop.time() + pause
+                    paused.append((loop.time() + pause, refused))  # in the order of resuming
                     pause = min(pause * 2, 1.0)
                 todo = waiting + again  # a slot's writes are all in one of the three
                 if again:
                     continue
                 if todo or paused:
                     events = {behind[slot_of(i)] for i, _, _ in waiting}
-                    await _first_set(events, max(0.0, resume - loop.time()) if paused else None)
+                    resume = max(0.0, paused[0][0] - loop.time()) if paused else None
+                    await _first_set(events, resume)
         finally:
             for slot, event in mine.items():
                 event.set()
@@ -685,9 +689,10 @@ class _ClusterAppender:
         connect: bool,
     ) -> list[tuple[int, str | None, bool]]:
         """One try of :meth:`_send_all` (under the lock). The commands of nodes
-        that refused a connection go to ``refused``, to be routed afresh after
-        a pause; return those to be checked again at once: their connection
-        was not ready (``connect=False``), or their slot was forgotten."""
+        that refused a connection, and those whose slot was forgotten, go to
+        ``refused``, to be routed afresh after a pause; return those to be
+        checked again at once: their connection was not ready
+        (``connect=False``)."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
         again: list[tuple[int, str | None, bool]] = []
         for i, target, asking in todo:
@@ -695,8 +700,9 @@ class _ClusterAppender:
             if target is None:
                 if not connect and self._refresh and slot not in self._slot_node:
                     # The map is asked again outside the lock (_connect_first):
-                    # redis-py may ask a silent node first.
-                    again.append((i, None, False))
+                    # redis-py may ask a silent node first. Paused: a refresh
+                    # redis-py 5.0 trips over sets _refresh again.
+                    refused.append((i, None, False))
                     continue
                 target = await self._node_for(slot)
             elif not asking:  # MOVED: the slot's new home, from now on
