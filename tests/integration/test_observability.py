@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
@@ -35,14 +35,20 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
 
 
 @pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    """An OpenTelemetry SDK recording finished spans in memory (set up once per process)."""
+def spans() -> Iterator[InMemorySpanExporter]:
+    """An OpenTelemetry SDK recording finished spans in memory (set up once per
+    process: OpenTelemetry's provider cannot be replaced). After this module the
+    exporter is shut down and emptied: it kept every span of every later test
+    in the process (over a million objects by the cluster tests, whose full
+    garbage collections then took over a second)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     tracing.refresh()
-    return exporter
+    yield exporter
+    exporter.shutdown()
+    exporter.clear()
 
 
 def _scrape(url: str) -> str:
