@@ -65,8 +65,10 @@ async def test_publishes_to_other_masters_do_not_wait_for_a_silent_one(
     (a publish took 2.01 s, three times in a run).
 
     ``idle``: the appender's connections count as idle after 0.2 s (30 s in
-    use), so each write first PINGs its master's connection; the silent
-    master's PING waits out the socket timeout, which held the lock too."""
+    use), so the first writes to the silent master PING its idle connection
+    (the PING waits out the socket timeout, which held the lock too) before
+    later ones connect anew, and a healthy master's connection left idle
+    that long is PINGed before its next write."""
     # A node timeout past the silence: the other masters do not mark it failed
     # (and, with no replica, the cluster down) while the test runs.
     with redis_cluster(
