@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from opentelemetry.util._once import Once
 from prometheus_client.parser import text_string_to_metric_families
 
 import streamsub
@@ -36,11 +37,13 @@ async def client(server: RedisServer, redis_client: redis.Redis) -> AsyncIterato
 
 @pytest.fixture(scope="module")
 def spans() -> Iterator[InMemorySpanExporter]:
-    """An OpenTelemetry SDK recording finished spans in memory (set up once per
-    process: OpenTelemetry's provider cannot be replaced). After this module the
-    exporter is shut down and emptied: it kept every span of every later test
-    in the process (over a million objects by the cluster tests, whose full
-    garbage collections then took over a second)."""
+    """An OpenTelemetry SDK recording finished spans in memory, for this module.
+    After it the exporter is shut down and emptied and OpenTelemetry's global
+    provider unset, as OpenTelemetry's own tests reset it (its API sets the
+    provider once a process): the exporter kept every span of every later
+    test in the process (2.3 million objects by the cluster tests, whose full
+    garbage collections then took over a second), and later tests ran traced
+    or not by whether this module ran before them."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -49,6 +52,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
     yield exporter
     exporter.shutdown()
     exporter.clear()
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace._TRACER_PROVIDER = None
+    tracing.refresh()
 
 
 def _scrape(url: str) -> str:

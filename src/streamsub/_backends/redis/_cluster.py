@@ -513,9 +513,11 @@ class _ClusterAppender:
         afresh from a new view of the cluster and sent again, with growing
         pauses, until the socket timeout; so a publish stalls through a
         failover instead of failing. Only the writes queued behind them in
-        their slots wait: the lock is let go between tries. A write whose
-        connection the check made ready, and which found it idle again under
-        the lock, goes back to the check at once: its node answered."""
+        their slots wait (and those of this call's other nodes while the
+        check waits for the silent one: README, Failover): the lock is let go
+        between tries. A write whose connection the check made ready, and
+        which found it idle again (or lost) under the lock, goes back to the
+        check at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         pause = 0.05
@@ -586,7 +588,7 @@ class _ClusterAppender:
                     unreached(refused, "its master refuses connections, or does not answer")
                     refused = []
                 if again and loop.time() >= deadline:
-                    unreached(again, "its master answered, but its turn to be sent came too late")
+                    unreached(again, "its turn to be sent came too late")
                     again = []
                 if refused:
                     paused.append((loop.time() + pause, refused))  # in the order of resuming
