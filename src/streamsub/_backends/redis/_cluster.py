@@ -551,8 +551,8 @@ class _ClusterAppender:
         # Writes whose node refused or could not be reached (or whose slot was
         # forgotten), each try's routed afresh once its pause is over; a write
         # whose connection was found not ready under the lock goes back to the
-        # check at once (its node answered the check a moment ago: the pauses
-        # are for nodes that do not).
+        # check at once (which connects or PINGs there, bounded by the write's
+        # time: the pauses are for nodes that did not answer it).
         paused: list[tuple[float, list[tuple[int, str | None, bool]]]] = []
         try:
             while todo or paused:
