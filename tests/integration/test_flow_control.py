@@ -134,11 +134,11 @@ async def test_a_huge_max_messages_reads_a_deep_backlog_a_bounded_read_at_a_time
     private_server: RedisServer,
 ) -> None:
     """max_messages of 1,000,000 over a backlog of 12,000 messages in 4
-    partitions: every message is handled once, and no read asks for more than
-    1,000 messages (MAX_READ) over its partitions, and reads ask for that
-    much, where one read asked for a third of max_messages, the whole backlog
-    in one reply. Each command the
-    server runs is in its slow log (threshold 0), with its arguments."""
+    partitions: every message is handled once, and the reads ask for 1,000
+    messages (MAX_READ) over their partitions at most, and that much while the
+    backlog lasts. One read asked for a third of max_messages: the whole
+    backlog in one reply. Each command the server runs is in its slow log
+    (threshold 0), with its arguments."""
     admin = redis.Redis.from_url(private_server.url)
     try:
         async with streamsub.connect(private_server.url) as client:
