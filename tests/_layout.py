@@ -104,6 +104,24 @@ def command_calls(redis_client: redis.Redis) -> dict[str, int]:
     return calls
 
 
+def log_every_command(node: redis.Redis) -> None:
+    """Make one server's slow log keep every command it runs from now on, with
+    its arguments (up to 100,000 of them)."""
+    node.config_set("slowlog-max-len", 100_000)
+    node.config_set("slowlog-log-slower-than", 0)
+    node.slowlog_reset()
+
+
+def commands_logged(node: redis.Redis, name: bytes) -> list[list[bytes]]:
+    """The ``name`` commands in one server's slow log, each split into its
+    arguments (see :func:`log_every_command`)."""
+    return [
+        entry["command"].split()
+        for entry in node.slowlog_get(100_000)
+        if entry["command"].upper().startswith(name + b" ")
+    ]
+
+
 def reset_stats(redis_client: redis.Redis) -> None:
     """CONFIG RESETSTAT on the server, or on every master of a cluster."""
     if isinstance(redis_client, redis.RedisCluster):

@@ -139,7 +139,7 @@ async def test_writes_found_not_ready_under_the_lock_go_back_at_once(
     the routing lock until it was idle again, raise NotReady under the lock and
     go back to the check at once: their masters answer, so they take none of
     the pauses meant for a master that refuses connections or does not answer
-    (50 ms, doubling; a write that went back several times took 1.33 s). Three
+    (50 ms, doubling up to 1 s). Three
     publishes under each of two keys of every partition, on all three masters;
     each is stored once, and in order."""
     not_ready: set[int] = set()  # the connections that raised it

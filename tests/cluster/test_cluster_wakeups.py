@@ -24,6 +24,7 @@ from streamsub._backends.redis._slots import key_slot
 from streamsub._engine import reader
 from streamsub._engine.reader import READ_BLOCK_MS
 from streamsub.testing import RedisClusterServers, redis_cluster
+from tests._layout import commands_logged, log_every_command
 from tests._wait import until
 from tests.cluster._helpers import (
     as_acl_user,
@@ -270,10 +271,7 @@ def _appends_logged(cluster: RedisClusterServers) -> list[list[bytes]]:
     for port in cluster.master_ports():
         node = cluster.node(port)
         try:
-            for entry in node.slowlog_get(100_000):
-                command = entry["command"]
-                if command.startswith(b"EVAL "):
-                    logged.append(command.split())
+            logged += commands_logged(node, b"EVAL")
         finally:
             node.close()
     return logged
@@ -292,8 +290,7 @@ async def test_redis_6_2_gets_no_spublish(tmp_path: Path) -> None:
             node = cluster.node(port)
             try:
                 assert node.info("server")["redis_version"].startswith("6.2")
-                node.config_set("slowlog-log-slower-than", 0)
-                node.config_set("slowlog-max-len", 100_000)
+                log_every_command(node)
             finally:
                 node.close()
         async with streamsub.connect(cluster.url) as admin:

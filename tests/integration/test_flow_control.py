@@ -11,7 +11,7 @@ import redis
 
 import streamsub
 from streamsub.testing import RedisServer
-from tests._layout import stream_key
+from tests._layout import commands_logged, log_every_command, stream_key
 from tests._wait import until
 from tests.conftest import ON_CLUSTER
 
@@ -152,9 +152,7 @@ async def test_a_huge_max_messages_reads_a_deep_backlog_a_bounded_read_at_a_time
                         for n in range(chunk * 4_000, (chunk + 1) * 4_000)
                     ],
                 )
-            admin.config_set("slowlog-max-len", 100_000)
-            admin.config_set("slowlog-log-slower-than", 0)
-            admin.slowlog_reset()
+            log_every_command(admin)
             handled: collections.Counter[bytes] = collections.Counter()
 
             def handler(message: streamsub.Message) -> None:  # a plain def
@@ -163,12 +161,7 @@ async def test_a_huge_max_messages_reads_a_deep_backlog_a_bounded_read_at_a_time
             flow = streamsub.FlowControl(max_messages=1_000_000)
             async with client.subscribe("deep-sub", handler, flow_control=flow):
                 await until(lambda: len(handled) == 12_000, 60, "all 12,000 handled")
-            admin.config_set("slowlog-log-slower-than", 10_000)
-            reads = [
-                entry["command"].split()
-                for entry in admin.slowlog_get(100_000)
-                if entry["command"].upper().startswith(b"XREADGROUP")
-            ]
+            reads = commands_logged(admin, b"XREADGROUP")
     finally:
         admin.close()
     assert set(handled.values()) == {1}

@@ -556,10 +556,9 @@ class _ClusterAppender:
         paused: list[tuple[float, list[tuple[int, str | None, bool]]]] = []
         try:
             while todo or paused:
-                if paused and loop.time() >= paused[0][0]:
-                    now = loop.time()
-                    todo = todo + [item for at, items in paused if at <= now for item in items]
-                    paused = [(at, items) for at, items in paused if at > now]
+                now = loop.time()
+                while paused and paused[0][0] <= now:  # in the order of resuming
+                    todo = todo + paused.pop(0)[1]
                 go = [item for item in todo if ready(item)]
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
@@ -591,7 +590,7 @@ class _ClusterAppender:
                     unreached(again, "its turn to be sent came too late")
                     again = []
                 if refused:
-                    paused.append((loop.time() + pause, refused))  # in the order of resuming
+                    paused.append((loop.time() + pause, refused))
                     pause = min(pause * 2, 1.0)
                 todo = waiting + again  # a slot's writes are all in one of the three
                 if again:
