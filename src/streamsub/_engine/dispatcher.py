@@ -1,7 +1,8 @@
-"""The dispatcher: runs each message's handler in an asyncio task of its own.
+"""The dispatcher: runs each message's handler in an asyncio task, one at a time.
 
-Each handler is a real task, so ``asyncio.timeout``, ``TaskGroup``, anyio
-cancel scopes (httpx) and context variables behave inside it exactly as in any
+A handler runs in a runner task (``runners.py``) that runs no other handler
+until it ends, in a context of its own, so ``asyncio.timeout``, ``TaskGroup``,
+anyio cancel scopes (httpx) and context variables behave inside it as in any
 task. A plain ``def`` handler runs in a thread pool (its context copied in);
 whatever it returns that is awaitable (``lambda m: work(m)`` over an
 ``async def work``, a decorator returning a plain function) is awaited on the
@@ -22,6 +23,7 @@ from typing import Any
 
 from .. import metrics, tracing
 from .._message import Message
+from .runners import Runners
 
 __all__ = ["DEFAULT_HANDLER_THREADS", "Dispatcher", "Handler", "is_async_handler"]
 
@@ -68,9 +70,7 @@ class Dispatcher:
         self._is_async = is_async_handler(handler)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._threads = threads
-        self._tasks: dict[Message, asyncio.Task[None]] = {}
-        """The running handlers, by message (a dict, so a task finds its own entry
-        without asking the loop for the current task)."""
+        self._runners: Runners[Message] = Runners(self._run, contextvars.copy_context())
         self._returned: list[Message] = []
         """Handlers that returned this turn, reported at its end."""
         self._seconds: list[float] = []
@@ -78,29 +78,21 @@ class Dispatcher:
 
     @property
     def running(self) -> int:
-        """Handlers running now."""
-        return len(self._tasks)
+        """Handlers running or about to."""
+        return self._runners.outstanding
 
     def start(self, messages: list[Message]) -> None:
-        """Start a handler task for each message."""
-        loop = asyncio.get_running_loop()
-        if not self._is_async:
-            run = self._run_sync
-        elif self._tracing and tracing.active():
-            run = self._run_traced
-        else:
-            run = self._run_async
-        # asyncio.Task is what loop.create_task makes when no task factory is
-        # set, without the wrapper's checks, once per message.
-        make: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = (
-            functools.partial(asyncio.Task, loop=loop)
-            if loop.get_task_factory() is None
-            else loop.create_task
-        )
-        tasks = self._tasks
+        """Start a handler for each message."""
         for message in messages:
             message._started = True
-            tasks[message] = make(run(message))
+        self._runners.submit(messages)
+
+    def _run(self, message: Message) -> Coroutine[Any, Any, None]:
+        if not self._is_async:
+            return self._run_sync(message)
+        if self._tracing and tracing.active():
+            return self._run_traced(message)
+        return self._run_async(message)
 
     def report(self) -> None:
         """Report the handlers that returned and are not reported yet."""
@@ -113,7 +105,6 @@ class Dispatcher:
     def _returned_one(self, message: Message, started: float) -> None:
         """A handler returned: report it with the others that return in this turn."""
         seconds = time.perf_counter() - started
-        del self._tasks[message]
         if not self._returned:  # the first of this turn: report at its end
             asyncio.get_running_loop().call_soon(self.report)
         self._returned.append(message)
@@ -124,7 +115,6 @@ class Dispatcher:
         on: a cancellation from outside (shutdown), or a BaseException that is not
         an Exception."""
         seconds = time.perf_counter() - started
-        del self._tasks[message]
         if isinstance(exc, asyncio.CancelledError):
             if _cancelled_by_owner():
                 return True
@@ -135,8 +125,6 @@ class Dispatcher:
         return False
 
     async def _run_async(self, message: Message) -> None:
-        # The task takes itself out of the table as it ends: cheaper than a done
-        # callback, which costs one more turn of the loop per message.
         started = time.perf_counter()
         try:
             await self._handler(message)  # type: ignore[misc]
@@ -185,16 +173,16 @@ class Dispatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     async def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for running handlers; cancel the rest."""
-        if self._tasks:
-            _, late = await asyncio.wait(set(self._tasks.values()), timeout=max(0.0, timeout))
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        """Wait up to ``timeout`` seconds for running handlers; cancel the rest
+        (those that have not started never do)."""
+        if not await self._runners.join(timeout):
+            await self._runners.cancel()
         self.report()  # before what is still held is given back
 
     def close(self) -> None:
-        """Let go of the thread pool (threads still in a handler finish on their own)."""
+        """End the runners; let go of the thread pool (threads still in a
+        handler finish on their own)."""
+        self._runners.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 

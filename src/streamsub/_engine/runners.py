@@ -1,0 +1,197 @@
+"""Handler runners: a pool of asyncio tasks, each running one handler at a time.
+
+A task per handler costs more than most handlers do: on Python 3.11 making an
+``asyncio.Task`` schedules its first step as a callback of its own and adds it to
+asyncio's ``WeakSet`` of all tasks (Python code, undone by a weakref callback as
+it dies). A runner is a long-lived task that takes queued work one item after
+another, each coroutine in a fresh copy of the subscriber's context:
+
+- a handler that returns without suspending costs a coroutine and a context copy,
+  and the runner goes on to the next item in the same turn of the event loop;
+- a handler that suspends keeps its runner (the runner task awaits what the
+  handler awaits, so ``asyncio.timeout``, ``TaskGroup``, anyio cancel scopes and
+  ``asyncio.current_task()`` find a task running that handler alone), and hands
+  the queue over to an idle runner, or a new one, first.
+
+So handlers run as concurrently as with a task each: a queued item waits only
+while another handler runs without suspending, as it would for its task's first
+step. A runner runs handlers one after the other, never two at once; Google's
+Pub/Sub client runs callbacks in a thread pool the same way. A handler that
+swallows a cancellation of its runner ends that runner, so no later handler
+inherits the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator, Iterable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Runners"]
+
+T = TypeVar("T")
+
+Run = Callable[[T], Coroutine[Any, Any, None]]
+
+
+class Runners(Generic[T]):
+    """Runs ``run(item)`` for each submitted item, in a pool of runner tasks.
+
+    ``takers`` counts the runners taking work from the queue now or woken to
+    take it; whenever the queue holds work, at least one is, so queued work never
+    waits for a handler that suspended.
+    """
+
+    def __init__(self, run: Run[T], context: contextvars.Context) -> None:
+        self._run = run
+        self._context = context
+        """Each item runs in a copy of this: the subscriber's, not whichever
+        handler's context queued it."""
+        self._queue: deque[T] = deque()
+        self._idle: list[asyncio.Future[None]] = []
+        self._takers = 0
+        self._suspended: set[asyncio.Task[None]] = set()
+        """Runners inside a handler that is suspended."""
+        self._runners: set[asyncio.Task[None]] = set()
+        self._outstanding = 0
+        """Items submitted and not finished: queued or running."""
+        self._joined: asyncio.Future[None] | None = None
+        self._closed = False
+
+    @property
+    def outstanding(self) -> int:
+        """Items queued or running."""
+        return self._outstanding
+
+    def submit(self, items: Iterable[T]) -> None:
+        """Queue each item to run."""
+        before = len(self._queue)
+        self._queue.extend(items)
+        self._outstanding += len(self._queue) - before
+        if self._queue and not self._takers:
+            self._wake()
+
+    async def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every item to finish; True if they did."""
+        if not self._outstanding:
+            return True
+        if self._joined is None or self._joined.done():
+            self._joined = asyncio.get_running_loop().create_future()
+        done, _ = await asyncio.wait({self._joined}, timeout=max(0.0, timeout))
+        return bool(done)
+
+    async def cancel(self) -> None:
+        """Drop the queued items (they never start) and cancel the handlers
+        running; wait for their runners to end."""
+        self._outstanding -= len(self._queue)
+        self._queue.clear()
+        running = list(self._suspended)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    def close(self) -> None:
+        """End every runner (idle ones wait for work for ever)."""
+        self._closed = True
+        for task in self._runners:
+            task.cancel()
+
+    def _wake(self) -> None:
+        self._takers += 1
+        while self._idle:
+            parked = self._idle.pop()
+            if not parked.done():  # a cancelled runner leaves its own behind
+                parked.set_result(None)
+                return
+        task = asyncio.get_running_loop().create_task(
+            self._work(), name="streamsub-handler-runner", context=self._context.copy()
+        )
+        self._runners.add(task)
+        task.add_done_callback(self._runners.discard)
+
+    def _finished(self) -> None:
+        self._outstanding -= 1
+        if not self._outstanding and self._joined is not None and not self._joined.done():
+            self._joined.set_result(None)
+
+    async def _work(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+        taking = True  # _wake counted this runner
+        try:
+            while True:
+                while queue:
+                    coro = self._run(queue.popleft())
+                    context = self._context.copy()
+                    try:
+                        signal = context.run(coro.send, None)
+                    except StopIteration:
+                        pass
+                    else:
+                        # Suspended: the runner stays with this handler.
+                        taking = False
+                        self._takers -= 1
+                        if queue and not self._takers:
+                            self._wake()
+                        self._suspended.add(task)
+                        await _Resume(coro, context, signal)
+                        self._suspended.discard(task)
+                        taking = True
+                        self._takers += 1
+                    finally:
+                        self._finished()
+                    if task.cancelling():
+                        return  # its cancel was swallowed: no later handler inherits it
+                taking = False
+                self._takers -= 1
+                parked = loop.create_future()
+                self._idle.append(parked)
+                try:
+                    await parked
+                except asyncio.CancelledError:
+                    # Woken before the cancel arrived: _wake counted it.
+                    taking = parked.done() and not parked.cancelled()
+                    raise
+                taking = True
+                if task.cancelling():
+                    return
+        finally:
+            self._suspended.discard(task)
+            if taking:
+                self._takers -= 1
+            if queue and not self._takers and not self._closed:
+                self._wake()
+
+
+class _Resume:
+    """Awaits what a suspended coroutine awaits, then resumes it in its context,
+    until it returns: the rest of a handler, run in its runner's task."""
+
+    __slots__ = ("_context", "_coro", "_signal")
+
+    def __init__(
+        self, coro: Coroutine[Any, Any, None], context: contextvars.Context, signal: Any
+    ) -> None:
+        self._coro = coro
+        self._context = context
+        self._signal = signal
+
+    def __await__(self) -> Generator[Any, None, None]:
+        coro, run, signal = self._coro, self._context.run, self._signal
+        try:
+            while True:
+                try:
+                    yield signal
+                except GeneratorExit:
+                    run(coro.close)
+                    raise
+                except BaseException as exc:  # a cancellation: the handler's to handle
+                    signal = run(coro.throw, exc)
+                else:
+                    signal = run(coro.send, None)
+        except StopIteration:
+            return
