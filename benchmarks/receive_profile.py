@@ -147,7 +147,7 @@ PARTS: list[tuple[str, Rule]] = [
     ("metrics hooks", _in("streamsub/metrics.py")),
     ("settle (take out, queue the ack)", lambda f, p: _ack_call(f) and p.endswith("/settler.py")),
     ("settle (take out, queue the ack)", _in("_engine/receiver.py")),
-    ("handler tasks (create, run, report)", _in("_engine/dispatcher.py")),
+    ("handler runners (start, run, report)", _in("_engine/dispatcher.py", "_engine/runners.py")),
     ("intake", _in("_engine/intake.py")),
 ]  # fmt: skip
 OWNERS: list[tuple[str, Rule]] = [
