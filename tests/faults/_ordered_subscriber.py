@@ -15,9 +15,11 @@ whole event loop — a blocking ``time.sleep`` in an ``async def`` handler — i
 the first message it handles with index 20 or more, after setting the Redis
 key ``test:stalled``. Its handlers then record as they start, with a blocking
 call, so that every handler that ran before the stall is recorded before it.
-A handler given its message before the stall whose task had not yet run its
-first step runs it right after: it records as consumer ``<CONSUMER>-pre``
-(tasks queued before the stall run before a callback queued after it).
+A handler given its message before the stall that had not yet started starts
+right after: it records as consumer ``<CONSUMER>-pre``. (The stalling handler
+suspends after the stall, so its runner wakes one for each message queued
+behind it, and they run in the next turn of the loop: the mark that ends "pre"
+is put two turns later.)
 $STREAMSUB_TEST_OWNERSHIP_LEASE sets the partition lease (seconds).
 """
 
@@ -67,7 +69,8 @@ async def main(url: str, subscription: str, consumer: str, stall: float) -> None
             blocking_journal.set("test:stalled", consumer)
             time.sleep(stall)  # noqa: ASYNC251 (the point: the loop stops, renewals too)
             stall_state["resumed"] = True
-            asyncio.get_running_loop().call_soon(mark_after)
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, mark_after)
         await asyncio.sleep(random.uniform(0, 0.002))
 
     async with (

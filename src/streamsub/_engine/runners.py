@@ -11,11 +11,12 @@ another, each coroutine in a fresh copy of the subscriber's context:
 - a handler that suspends keeps its runner (the runner task awaits what the
   handler awaits, so ``asyncio.timeout``, ``TaskGroup``, anyio cancel scopes and
   ``asyncio.current_task()`` find a task running that handler alone), and hands
-  the queue over to an idle runner, or a new one, first.
+  the queue over first: it wakes an idle runner (or makes one) for each item
+  queued, so they all start in the next turn of the loop.
 
 So handlers run as concurrently as with a task each: a queued item waits only
 while another handler runs without suspending, as it would for its task's first
-step. A runner runs handlers one after the other, never two at once; Google's
+step, and one turn more when the handler before it suspended. A runner runs handlers one after the other, never two at once; Google's
 Pub/Sub client runs callbacks in a thread pool the same way. A handler that
 swallows a cancellation of its runner ends that runner, so no later handler
 inherits the request.
@@ -40,8 +41,9 @@ class Runners(Generic[T]):
     """Runs ``run(item)`` for each submitted item, in a pool of runner tasks.
 
     ``takers`` counts the runners taking work from the queue now or woken to
-    take it; whenever the queue holds work, at least one is, so queued work never
-    waits for a handler that suspended.
+    take it; whenever the queue holds work, at least one is, and as many as it
+    holds once a handler suspends, so queued work never waits for a handler that
+    suspended.
     """
 
     def __init__(self, run: Run[T], context: contextvars.Context) -> None:
@@ -135,7 +137,7 @@ class Runners(Generic[T]):
                         # Suspended: the runner stays with this handler.
                         taking = False
                         self._takers -= 1
-                        if queue and not self._takers:
+                        while len(queue) > self._takers:  # all start in the next turn
                             self._wake()
                         self._suspended.add(task)
                         await _Resume(coro, context, signal)

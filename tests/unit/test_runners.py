@@ -1,0 +1,207 @@
+"""The handler runners: a pool of tasks, each running one coroutine at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from streamsub._engine.runners import Runners
+
+Run = Callable[[int], Coroutine[Any, Any, None]]
+
+who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+def runners(run: Run) -> Runners[int]:
+    return Runners(run, contextvars.copy_context())
+
+
+async def test_handlers_that_never_suspend_run_in_order_in_one_runner_in_one_turn() -> None:
+    ran: list[int] = []
+    tasks: set[asyncio.Task[Any] | None] = set()
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        tasks.add(asyncio.current_task())
+
+    pool = runners(run)
+    pool.submit(range(300))
+    pool.submit(range(300, 500))
+    assert pool.outstanding == 500
+    await asyncio.sleep(0)  # one turn: the runner's first step
+    assert ran == list(range(500))
+    assert len(tasks) == 1
+    assert None not in tasks
+    assert pool.outstanding == 0
+    pool.close()
+
+
+async def test_handlers_that_suspend_run_at_once_each_alone_in_a_runner() -> None:
+    """200 handlers, each waiting until all 200 have started: only a pool that
+    hands its queue over as a handler suspends lets them finish."""
+    started = 0
+    everyone = asyncio.Event()
+    busy: set[asyncio.Task[Any]] = set()
+    shared = 0
+    finished: list[int] = []
+
+    async def run(n: int) -> None:
+        nonlocal started, shared
+        task = asyncio.current_task()
+        assert task is not None
+        shared += task in busy
+        busy.add(task)
+        started += 1
+        if started == 200:
+            everyone.set()
+        await everyone.wait()
+        await asyncio.sleep(0)
+        busy.discard(task)
+        finished.append(n)
+
+    pool = runners(run)
+    for first in range(0, 200, 50):  # in several submissions, as reads come
+        pool.submit(range(first, first + 50))
+    assert await pool.join(5.0)
+    assert sorted(finished) == list(range(200))
+    assert shared == 0
+    pool.close()
+
+
+async def test_a_timeout_inside_a_handler_touches_no_later_handler_of_its_runner() -> None:
+    """Every other handler times out inside ``asyncio.timeout`` and handles it;
+    the handlers after it in the same runner start uncancelled and finish."""
+    outcomes: dict[int, str] = {}
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(n: int) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        tasks.add(task)
+        assert task.cancelling() == 0, f"handler {n} started under a cancel"
+        try:
+            async with asyncio.timeout(0.001 if n % 2 else 1.0):
+                await asyncio.sleep(0.05 if n % 2 else 0)
+        except TimeoutError:
+            outcomes[n] = "timed out"
+        else:
+            outcomes[n] = "done"
+
+    pool = runners(run)
+    for n in range(100):  # one at a time: they share runners
+        pool.submit([n])
+        await asyncio.sleep(0)
+    assert await pool.join(5.0)
+    assert outcomes == {n: "timed out" if n % 2 else "done" for n in range(100)}
+    assert len(tasks) < 100, "every handler had a runner of its own: nothing was shared"
+    pool.close()
+
+
+async def test_a_runner_whose_cancel_a_handler_swallowed_ends_and_the_rest_run() -> None:
+    cancelled_at: list[int] = []
+    runner_of: dict[int, asyncio.Task[Any]] = {}
+    gate = asyncio.Event()
+
+    async def run(n: int) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        runner_of[n] = task
+        if n == 0:
+            try:
+                await gate.wait()
+            except asyncio.CancelledError:
+                cancelled_at.append(n)  # swallowed
+        else:
+            assert task.cancelling() == 0
+            await asyncio.sleep(0)
+
+    pool = runners(run)
+    pool.submit([0])
+    await asyncio.sleep(0)
+    runner_of[0].cancel()
+    pool.submit(range(1, 50))
+    assert await pool.join(5.0)
+    assert cancelled_at == [0]
+    await asyncio.sleep(0)
+    assert runner_of[0].done()
+    assert all(runner_of[n] is not runner_of[0] for n in range(1, 50))
+    assert sorted(runner_of) == list(range(50))
+    pool.close()
+
+
+async def test_each_handler_runs_in_a_fresh_copy_of_the_pools_context() -> None:
+    token = who.set("subscriber")
+    try:
+        pool: Runners[int] = Runners(_record_who, contextvars.copy_context())
+    finally:
+        who.reset(token)
+    _seen.clear()
+    pool.submit(range(50))  # never suspend: all in one runner
+    pool.submit(range(50, 60))
+    await asyncio.sleep(0)
+    assert await pool.join(5.0)
+    assert _seen == dict.fromkeys(range(60), "subscriber")
+    pool.close()
+
+
+_seen: dict[int, str] = {}
+
+
+async def _record_who(n: int) -> None:
+    _seen[n] = who.get()
+    who.set(f"handler {n}")  # must not leak into the next handler
+    if n >= 50:
+        await asyncio.sleep(0)
+        assert who.get() == f"handler {n}"
+
+
+async def test_cancel_drops_queued_work_and_cancels_the_suspended_handlers() -> None:
+    started: list[int] = []
+    cancelled: list[int] = []
+    never = asyncio.Event()
+
+    async def run(n: int) -> None:
+        started.append(n)
+        if n < 5:
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.append(n)
+                raise
+
+    pool = runners(run)
+    pool.submit(range(5))
+    await asyncio.sleep(0)
+    assert not await pool.join(0.05)
+    assert pool.outstanding == 5
+    pool.submit(range(5, 10))  # queued as the cancel comes: never start
+    await pool.cancel()
+    assert sorted(cancelled) == list(range(5))
+    assert started == list(range(5))
+    assert pool.outstanding == 0
+    pool.close()
+
+
+async def test_a_coroutine_that_raises_ends_its_runner_and_the_queue_goes_on() -> None:
+    ran: list[int] = []
+    broken: list[asyncio.Task[Any]] = []
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        if n == 3:
+            task = asyncio.current_task()
+            assert task is not None
+            broken.append(task)
+            raise RuntimeError("a bug in the runner's caller")
+
+    pool = runners(run)
+    pool.submit(range(10))
+    assert await pool.join(5.0)
+    assert ran == list(range(10))
+    with pytest.raises(RuntimeError):
+        await broken[0]
+    pool.close()
