@@ -16,10 +16,10 @@ another, each coroutine in a fresh copy of the subscriber's context:
 
 So handlers run as concurrently as with a task each: a queued item waits only
 while another handler runs without suspending, as it would for its task's first
-step, and one turn more when the handler before it suspended. A runner runs handlers one after the other, never two at once; Google's
-Pub/Sub client runs callbacks in a thread pool the same way. A handler that
-swallows a cancellation of its runner ends that runner, so no later handler
-inherits the request.
+step, and one turn more when the handler before it suspended. A runner runs
+handlers one after the other, never two at once; Google's Pub/Sub client runs
+callbacks in a thread pool the same way. A handler that swallows a cancellation
+of its runner ends that runner, so no later handler inherits the request.
 """
 
 from __future__ import annotations
