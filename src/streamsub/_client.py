@@ -850,8 +850,9 @@ class Client:
     ) -> Subscriber:
         """Stream ``subscription`` to ``handler`` while the ``async with`` block runs.
 
-        ``handler`` is ``async def`` (each call runs in an asyncio task of its
-        own) or plain ``def`` (run in a pool of ``handler_threads`` threads,
+        ``handler`` is ``async def`` (each call runs in an asyncio task that
+        runs no other handler until it ends; see the README, "Receive") or plain
+        ``def`` (run in a pool of ``handler_threads`` threads,
         default ``min(32, cpus + 4)``; an awaitable it returns is awaited).
         With ``ack_mode="auto"`` (default) a handler that returns acks and one
         that raises nacks; with ``"manual"`` the handler calls ``message.ack()``
