@@ -167,3 +167,13 @@ class StreamsubBeforeLonePublish(StreamsubPrevious):
     name = "streamsub-pre-lone"
     commit: ClassVar[str] = "67a0c2f"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubTaskPerHandler(StreamsubPrevious):
+    """streamsub at ``41be509``, the last commit that ran each handler in an
+    ``asyncio.Task`` of its own (before the handler runners): the "before" of
+    "Handler runners", measured in the same run."""
+
+    name = "streamsub-tasks"
+    commit: ClassVar[str] = "41be509"
+    _extracted: ClassVar[Path | None] = None
