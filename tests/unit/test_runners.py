@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -73,16 +74,20 @@ async def test_handlers_that_suspend_run_at_once_each_alone_in_a_runner() -> Non
 
 
 async def test_a_timeout_inside_a_handler_touches_no_later_handler_of_its_runner() -> None:
-    """Every other handler times out inside ``asyncio.timeout`` and handles it;
-    the handlers after it in the same runner start uncancelled and finish."""
+    """One runner (each handler submitted once the one before ended): every
+    other handler times out inside ``asyncio.timeout`` and handles it; the
+    handler after it, on the same runner, starts uncancelled, outside any
+    exception, and finishes."""
     outcomes: dict[int, str] = {}
     tasks: set[asyncio.Task[Any]] = set()
+    dirty: list[tuple[int, int, object]] = []
 
     async def run(n: int) -> None:
         task = asyncio.current_task()
         assert task is not None
         tasks.add(task)
-        assert task.cancelling() == 0, f"handler {n} started under a cancel"
+        if task.cancelling() or sys.exc_info()[1] is not None:
+            dirty.append((n, task.cancelling(), sys.exc_info()[1]))
         try:
             async with asyncio.timeout(0.001 if n % 2 else 1.0):
                 await asyncio.sleep(0.05 if n % 2 else 0)
@@ -90,14 +95,109 @@ async def test_a_timeout_inside_a_handler_touches_no_later_handler_of_its_runner
             outcomes[n] = "timed out"
         else:
             outcomes[n] = "done"
+        if sys.exc_info()[1] is not None:  # the cancel it handled is not current
+            dirty.append((n, task.cancelling(), sys.exc_info()[1]))
 
     pool = runners(run)
-    for n in range(100):  # one at a time: they share runners
+    for n in range(40):
         pool.submit([n])
-        await asyncio.sleep(0)
+        assert await pool.join(5.0)
+    assert outcomes == {n: "timed out" if n % 2 else "done" for n in range(40)}
+    assert len(tasks) == 1, "the handlers did not share a runner: nothing was tested"
+    assert dirty == []
+    pool.close()
+
+
+async def test_an_exception_raised_after_a_handled_cancel_has_no_cancel_as_context() -> None:
+    """A handler that handles its timeout and raises an error of its own: the
+    error does not carry the runner's CancelledError as ``__context__``."""
+    raised: list[BaseException] = []
+
+    async def run(n: int) -> None:
+        try:
+            try:
+                async with asyncio.timeout(0.001):
+                    await asyncio.sleep(1)
+            except TimeoutError:
+                pass
+            raise ValueError("retry later")
+        except ValueError as exc:
+            raised.append(exc)
+
+    pool = runners(run)
+    pool.submit([1])
     assert await pool.join(5.0)
-    assert outcomes == {n: "timed out" if n % 2 else "done" for n in range(100)}
-    assert len(tasks) < 100, "every handler had a runner of its own: nothing was shared"
+    assert len(raised) == 1
+    assert raised[0].__context__ is None
+    pool.close()
+
+
+async def test_work_queued_by_a_handler_waits_a_turn_so_a_chain_does_not_starve_the_loop() -> None:
+    """Each handler queues the next (as an ack lets the next message of a key
+    start) and returns without suspending: one handler a turn of the loop, so a
+    timer set meanwhile fires within a few handlers, not after all 500."""
+    pool: Runners[int]
+    ran: list[int] = []
+    ticks: list[int] = []
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        if n < 500:
+            pool.submit([n + 1])
+
+    pool = runners(run)
+    asyncio.get_running_loop().call_soon(lambda: ticks.append(len(ran)))
+    pool.submit([0])
+    assert await pool.join(5.0)
+    assert ran == list(range(501))
+    assert ticks
+    assert ticks[0] <= 3, f"the loop's callback waited for {ticks[0]} chained handlers"
+    pool.close()
+
+
+async def test_a_runner_cancelled_before_its_first_step_leaves_no_work_stranded() -> None:
+    ran: list[int] = []
+
+    async def run(n: int) -> None:
+        ran.append(n)
+
+    pool = runners(run)
+    pool.submit([1, 2, 3])
+    (first,) = pool._runners
+    first.cancel()  # as code cancelling every task at shutdown would
+    await asyncio.sleep(0)
+    assert await pool.join(5.0)
+    assert ran == [1, 2, 3]
+    pool.submit([4])
+    assert await pool.join(5.0)
+    assert ran == [1, 2, 3, 4]
+    pool.close()
+
+
+async def test_runners_start_under_a_task_factory_of_two_arguments() -> None:
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.Task[Any]] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop)
+        made.append(task)
+        return task
+
+    ran: list[int] = []
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        await asyncio.sleep(0)
+
+    loop.set_task_factory(factory)
+    try:
+        pool = runners(run)
+        pool.submit(range(5))
+        assert await pool.join(5.0)
+    finally:
+        loop.set_task_factory(None)
+    assert sorted(ran) == list(range(5))
+    assert made
     pool.close()
 
 

@@ -82,7 +82,9 @@ class Dispatcher:
         return self._runners.outstanding
 
     def start(self, messages: list[Message]) -> None:
-        """Start a handler for each message."""
+        """Start a handler for each message (none once closed)."""
+        if self._runners.closed:
+            return
         for message in messages:
             message._started = True
         self._runners.submit(messages)
@@ -111,13 +113,14 @@ class Dispatcher:
         self._seconds.append(seconds)
 
     def _raised(self, message: Message, exc: BaseException, started: float) -> bool:
-        """A handler raised: report it now. Return True when the task must raise it
-        on: a cancellation from outside (shutdown), or a BaseException that is not
-        an Exception."""
+        """A handler raised: report it now. Return True when its runner must raise
+        it on: a cancellation by the runner pool (a shutdown), or a BaseException
+        that is not an Exception. Any other cancellation (code that kept a task
+        and cancelled it) is the handler's error, as a raise is."""
         seconds = time.perf_counter() - started
         if isinstance(exc, asyncio.CancelledError):
-            if _cancelled_by_owner():
-                return True
+            if self._runners.cancelled_by_pool(asyncio.current_task()):
+                return True  # a shutdown; any other cancel is the handler's error
         elif not isinstance(exc, Exception):
             return True
         self._done(message, exc)
@@ -185,10 +188,3 @@ class Dispatcher:
         self._runners.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _cancelled_by_owner() -> bool:
-    """Whether the running task was cancelled from outside (shutdown), rather than
-    a handler raising CancelledError of its own."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -43,7 +43,9 @@ class Runners(Generic[T]):
     ``takers`` counts the runners taking work from the queue now or woken to
     take it; whenever the queue holds work, at least one is, and as many as it
     holds once a handler suspends, so queued work never waits for a handler that
-    suspended.
+    suspended. A runner takes, in one step, only what was queued when the step
+    began: work queued meanwhile (a handler's ack letting the next message of
+    its key start) waits for the next turn of the loop, as a new task's would.
     """
 
     def __init__(self, run: Run[T], context: contextvars.Context) -> None:
@@ -57,6 +59,10 @@ class Runners(Generic[T]):
         self._suspended: set[asyncio.Task[None]] = set()
         """Runners inside a handler that is suspended."""
         self._runners: set[asyncio.Task[None]] = set()
+        self._unstarted: set[asyncio.Task[None]] = set()
+        """Runners made and not yet run: counted as takers until they run."""
+        self._cancelled: set[asyncio.Task[None]] = set()
+        """Runners this pool cancelled (``cancel``, ``close``)."""
         self._outstanding = 0
         """Items submitted and not finished: queued or running."""
         self._joined: asyncio.Future[None] | None = None
@@ -67,8 +73,20 @@ class Runners(Generic[T]):
         """Items queued or running."""
         return self._outstanding
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called: nothing submitted runs any more."""
+        return self._closed
+
+    def cancelled_by_pool(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether ``task`` is a runner this pool cancelled (a shutdown), rather
+        than one some other code cancelled."""
+        return task in self._cancelled
+
     def submit(self, items: Iterable[T]) -> None:
-        """Queue each item to run."""
+        """Queue each item to run (nothing, once closed)."""
+        if self._closed:
+            return
         before = len(self._queue)
         self._queue.extend(items)
         self._outstanding += len(self._queue) - before
@@ -87,10 +105,12 @@ class Runners(Generic[T]):
     async def cancel(self) -> None:
         """Drop the queued items (they never start) and cancel the handlers
         running; wait for their runners to end."""
-        self._outstanding -= len(self._queue)
+        for _ in range(len(self._queue)):
+            self._finished()
         self._queue.clear()
         running = list(self._suspended)
         for task in running:
+            self._cancelled.add(task)
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
 
@@ -98,20 +118,36 @@ class Runners(Generic[T]):
         """End every runner (idle ones wait for work for ever)."""
         self._closed = True
         for task in self._runners:
+            self._cancelled.add(task)
             task.cancel()
 
     def _wake(self) -> None:
-        self._takers += 1
         while self._idle:
             parked = self._idle.pop()
             if not parked.done():  # a cancelled runner leaves its own behind
                 parked.set_result(None)
+                self._takers += 1
                 return
-        task = asyncio.get_running_loop().create_task(
-            self._work(), name="streamsub-handler-runner", context=self._context.copy()
+        # No context= keyword: a task factory of two arguments takes none. The
+        # task copies the context it is made in.
+        task: asyncio.Task[None] = self._context.copy().run(
+            asyncio.get_running_loop().create_task,
+            self._work(),
+            name="streamsub-handler-runner",
         )
+        self._takers += 1
         self._runners.add(task)
-        task.add_done_callback(self._runners.discard)
+        self._unstarted.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._runners.discard(task)
+        self._cancelled.discard(task)
+        if task in self._unstarted:  # cancelled before its first step
+            self._unstarted.discard(task)
+            self._takers -= 1
+            if self._queue and not self._takers and not self._closed:
+                self._wake()
 
     def _finished(self) -> None:
         self._outstanding -= 1
@@ -121,12 +157,19 @@ class Runners(Generic[T]):
     async def _work(self) -> None:
         task = asyncio.current_task()
         assert task is not None
+        self._unstarted.discard(task)
         loop = asyncio.get_running_loop()
         queue = self._queue
         taking = True  # _wake counted this runner
         try:
             while True:
+                left = len(queue)  # what this step takes; the rest waits a turn
                 while queue:
+                    if not left:
+                        await asyncio.sleep(0)  # still a taker: submit wakes nobody
+                        left = len(queue)
+                        continue
+                    left -= 1
                     coro = self._run(queue.popleft())
                     context = self._context.copy()
                     try:
@@ -144,6 +187,7 @@ class Runners(Generic[T]):
                         self._suspended.discard(task)
                         taking = True
                         self._takers += 1
+                        left = len(queue)  # a new step
                     finally:
                         self._finished()
                     if task.cancelling():
@@ -186,14 +230,20 @@ class _Resume:
         coro, run, signal = self._coro, self._context.run, self._signal
         try:
             while True:
+                thrown: BaseException | None = None
                 try:
                     yield signal
                 except GeneratorExit:
                     run(coro.close)
                     raise
                 except BaseException as exc:  # a cancellation: the handler's to handle
-                    signal = run(coro.throw, exc)
-                else:
+                    thrown = exc
+                # Outside the except block, so the handler does not run with the
+                # exception as the one being handled (sys.exc_info, __context__).
+                if thrown is None:
                     signal = run(coro.send, None)
+                else:
+                    signal = run(coro.throw, thrown)
+                    thrown = None
         except StopIteration:
             return
