@@ -15,11 +15,10 @@ whole event loop — a blocking ``time.sleep`` in an ``async def`` handler — i
 the first message it handles with index 20 or more, after setting the Redis
 key ``test:stalled``. Its handlers then record as they start, with a blocking
 call, so that every handler that ran before the stall is recorded before it.
-A handler given its message before the stall that had not yet started starts
-right after: it records as consumer ``<CONSUMER>-pre``. (The stalling handler
-suspends after the stall, so its runner wakes one for each message queued
-behind it, and they run in the next turn of the loop: the mark that ends "pre"
-is put two turns later.)
+A handler given its message before the stall (the subscriber's dispatcher
+started it) that had not yet run starts right after: it records as consumer
+``<CONSUMER>-pre``; one given its message after the stall records as
+``<CONSUMER>``.
 $STREAMSUB_TEST_OWNERSHIP_LEASE sets the partition lease (seconds).
 """
 
@@ -35,6 +34,7 @@ import redis.asyncio as aioredis
 
 import streamsub
 from streamsub._engine import ownership
+from streamsub._engine.dispatcher import Dispatcher
 from tests._layout import inspector, node_url_for_key
 
 
@@ -46,10 +46,18 @@ async def main(url: str, subscription: str, consumer: str, stall: float) -> None
     handled = aioredis.Redis.from_url(node_url_for_key(url, "test:handled"))
     events = aioredis.Redis.from_url(node_url_for_key(url, "test:events"))
     blocking_journal = inspector(url)
-    stall_state = {"stalled": False, "resumed": False, "after": False}
+    stall_state = {"stalled": False, "resumed": False}
+    given_before: set[tuple[str, int]] = set()
+    """(message id, delivery attempt) of each message started before the stall
+    ended, as the dispatcher was given it."""
+    start = Dispatcher.start
 
-    def mark_after() -> None:
-        stall_state["after"] = True
+    def start_noting(self: Dispatcher, messages: list[streamsub.Message]) -> None:
+        if not stall_state["resumed"]:
+            given_before.update((m.message_id, m.delivery_attempt) for m in messages)
+        start(self, messages)
+
+    Dispatcher.start = start_noting  # type: ignore[method-assign]
 
     async def handler(message: streamsub.Message) -> None:
         key, index = message.data.decode().split(":")
@@ -61,7 +69,8 @@ async def main(url: str, subscription: str, consumer: str, stall: float) -> None
 
     async def stalling_handler(message: streamsub.Message) -> None:
         key, index = message.data.decode().split(":")
-        pre = stall_state["resumed"] and not stall_state["after"]
+        given = (message.message_id, message.delivery_attempt)
+        pre = stall_state["resumed"] and given in given_before
         who = f"{consumer}-pre" if pre else consumer
         blocking_journal.rpush("test:handled", f"{key} {index} {message.delivery_attempt} {who}")
         if not stall_state["stalled"] and int(index) >= 20:
@@ -69,8 +78,6 @@ async def main(url: str, subscription: str, consumer: str, stall: float) -> None
             blocking_journal.set("test:stalled", consumer)
             time.sleep(stall)  # noqa: ASYNC251 (the point: the loop stops, renewals too)
             stall_state["resumed"] = True
-            loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, mark_after)
         await asyncio.sleep(random.uniform(0, 0.002))
 
     async with (

@@ -51,9 +51,10 @@ async def test_handlers_under_asyncio_timeout_and_httpx_all_ack_each_alone_in_it
 ) -> None:
     """300 messages over 4 partitions, every tenth handler timing out once inside
     ``asyncio.timeout``, each calling a local HTTP server through httpx with a
-    timeout: all 300 are acked, handlers run concurrently, and no handler ever
-    ran in a task while another handler was running in it (a runner task runs
-    handlers one after another)."""
+    timeout: all 300 are acked, handlers run concurrently, no handler ever ran
+    in a task while another handler was running in it (a runner task runs
+    handlers one after another), and each started uncancelled in a context of
+    its own, those that ran where a handler had just timed out too."""
     await client.create_topic("web", partitions=4)
     await client.create_subscription("web-sub", topic="web", retry_policy=FAST_RETRY)
     await client.publish_many(
@@ -65,17 +66,27 @@ async def test_handlers_under_asyncio_timeout_and_httpx_all_ack_each_alone_in_it
     shared = 0
     most = 0
     timeouts = 0
+    after_a_timeout = 0
+    timed_out_in: set[asyncio.Task[object]] = set()
+    unclean: list[str] = []
+    mine: contextvars.ContextVar[int] = contextvars.ContextVar("mine")
 
     async with httpx.AsyncClient(timeout=5.0) as http:
 
         async def handler(message: Message) -> None:
-            nonlocal timeouts, shared, most
+            nonlocal timeouts, shared, most, after_a_timeout
             task = asyncio.current_task()
             assert task is not None
             shared += task in busy
             busy.add(task)
             most = max(most, len(busy))
+            if task in timed_out_in:  # the task's last handler timed out
+                after_a_timeout += 1
+                timed_out_in.discard(task)
+            if task.cancelling() or mine.get(None) is not None:
+                unclean.append(f"{message.data!r}: {task.cancelling()}, {mine.get(None)}")
             n = int(message.data)
+            mine.set(n)
             try:
                 async with asyncio.timeout(1.5):
                     if n % 10 == 0 and message.delivery_attempt == 1:
@@ -83,6 +94,7 @@ async def test_handlers_under_asyncio_timeout_and_httpx_all_ack_each_alone_in_it
                     response = await http.get(http_url, timeout=2.0)
             except TimeoutError:
                 timeouts += 1
+                timed_out_in.add(task)
                 raise
             finally:
                 busy.discard(task)
@@ -97,6 +109,8 @@ async def test_handlers_under_asyncio_timeout_and_httpx_all_ack_each_alone_in_it
     assert timeouts == 30
     assert shared == 0, "a handler ran in a task while another handler was running in it"
     assert most >= 20, f"at most {most} handlers ran at once (flow control allows 50)"
+    assert unclean == [], "a handler started cancelled or with another's context"
+    assert after_a_timeout > 0, "no handler ran where one had timed out: nothing was shared"
 
 
 async def test_a_task_group_and_context_variables_bind_to_the_handlers_task(

@@ -142,11 +142,12 @@ async def test_work_queued_by_a_handler_waits_a_turn_so_a_chain_does_not_starve_
 
     async def run(n: int) -> None:
         ran.append(n)
+        if n == 0:
+            asyncio.get_running_loop().call_soon(lambda: ticks.append(len(ran)))
         if n < 500:
             pool.submit([n + 1])
 
     pool = runners(run)
-    asyncio.get_running_loop().call_soon(lambda: ticks.append(len(ran)))
     pool.submit([0])
     assert await pool.join(5.0)
     assert ran == list(range(501))
