@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from streamsub._engine.dispatcher import Dispatcher
 from streamsub._message import Message
@@ -36,35 +35,32 @@ class Reports:
         self.returned += [m.data for m in messages]
 
 
-async def test_a_cancel_by_code_that_kept_an_earlier_handlers_task_is_the_handlers_error() -> None:
-    """Handler 1 keeps its task (a forgotten watchdog); handler 2 runs next on
-    the same runner and is cancelled through it: its message is reported as
-    failed (so it is nacked), not dropped as if the subscriber were stopping."""
-    kept: list[asyncio.Task[Any]] = []
+async def test_handlers_cancelled_with_every_task_are_not_reported_as_failures() -> None:
+    """Code stopping every task (asyncio.run's teardown, a SIGTERM handler)
+    cancels the runners: their handlers' messages are not failed (that would
+    spend a delivery attempt and back off), and nothing queued starts."""
     forever = asyncio.Event()
+    began: list[bytes] = []
 
     async def handler(m: Message) -> None:
-        if m.data == b"1":
-            task = asyncio.current_task()
-            assert task is not None
-            kept.append(task)
-        else:
-            await forever.wait()
+        began.append(m.data)
+        await forever.wait()
 
     reports = Reports()
     dispatcher = Dispatcher(handler, done=reports.done, handled=reports.handled, subscription="sub")
-    dispatcher.start([message(1)])
+    dispatcher.start([message(n) for n in range(50)])
     await asyncio.sleep(0)
-    dispatcher.start([message(2)])
     await asyncio.sleep(0)
-    assert dispatcher.running == 1
-    kept[0].cancel()
-    await asyncio.sleep(0.01)
-    assert dispatcher.running == 0
-    assert [(data, type(error)) for data, error in reports.errors] == [
-        (b"2", asyncio.CancelledError)
-    ]
-    assert reports.returned == [b"1"]
+    runners = set(dispatcher._runners._runners)
+    for task in runners:
+        task.cancel()
+    await asyncio.gather(*runners, return_exceptions=True)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert 0 < len(began) < 50
+    assert reports.errors == []
+    assert reports.returned == []
+    assert not dispatcher._runners._runners
     dispatcher.close()
 
 
@@ -96,3 +92,27 @@ async def test_a_drain_that_times_out_cancels_the_handlers_without_reporting_the
     dispatcher.start([message(99)])  # after close: never starts
     await asyncio.sleep(0)
     assert dispatcher.running == 0
+
+
+async def test_messages_a_drain_drops_before_they_start_are_not_marked_started() -> None:
+    """A drain whose time is up while messages still wait for a runner: those
+    never start, and are not marked started (given back, they spend no
+    delivery attempt); those whose handlers ran are."""
+    forever = asyncio.Event()
+    ran: set[bytes] = set()
+
+    async def handler(m: Message) -> None:
+        ran.add(m.data)
+        await forever.wait()
+
+    reports = Reports()
+    dispatcher = Dispatcher(handler, done=reports.done, handled=reports.handled, subscription="sub")
+    messages = [message(n) for n in range(50)]
+    dispatcher.start(messages)
+    await dispatcher.drain(0)
+    dropped = [m for m in messages if m.data not in ran]
+    assert dropped, "every handler started before the drain: nothing was tested"
+    assert all(not m._started for m in dropped)
+    assert all(m._started for m in messages if m.data in ran)
+    assert reports.errors == []
+    dispatcher.close()

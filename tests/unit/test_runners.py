@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streamsub._engine.runners import Runners
+from streamsub._engine.runners import HANDOFF, IDLE_KEEP, Runners
 
 Run = Callable[[int], Coroutine[Any, Any, None]]
 
@@ -67,9 +67,30 @@ async def test_handlers_that_suspend_run_at_once_each_alone_in_a_runner() -> Non
     pool = runners(run)
     for first in range(0, 200, 50):  # in several submissions, as reads come
         pool.submit(range(first, first + 50))
+    for _ in range(5):  # 1, then 8, 64, 127 more a turn (HANDOFF)
+        await asyncio.sleep(0)
+    assert started == 200, f"{started} of 200 started after five turns of the loop"
     assert await pool.join(5.0)
     assert sorted(finished) == list(range(200))
     assert shared == 0
+    assert len(pool._idle) <= IDLE_KEEP
+    assert len(pool._runners) <= IDLE_KEEP, "the idle runners past IDLE_KEEP did not end"
+    pool.close()
+
+
+async def test_one_suspension_among_many_quick_handlers_wakes_a_few_runners_not_one_each() -> None:
+    ran: list[int] = []
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        if n == 0:
+            await asyncio.sleep(0.01)
+
+    pool = runners(run)
+    pool.submit(range(1000))
+    assert await pool.join(5.0)
+    assert sorted(ran) == list(range(1000))
+    assert len(pool._runners) <= 1 + HANDOFF
     pool.close()
 
 
@@ -156,7 +177,9 @@ async def test_work_queued_by_a_handler_waits_a_turn_so_a_chain_does_not_starve_
     pool.close()
 
 
-async def test_a_runner_cancelled_before_its_first_step_leaves_no_work_stranded() -> None:
+async def test_a_runner_cancelled_before_its_first_step_starts_nothing_until_more_comes() -> None:
+    """As code cancelling every task at shutdown would: what was queued does not
+    start behind its back; the next submit takes it all, in order."""
     ran: list[int] = []
 
     async def run(n: int) -> None:
@@ -165,13 +188,48 @@ async def test_a_runner_cancelled_before_its_first_step_leaves_no_work_stranded(
     pool = runners(run)
     pool.submit([1, 2, 3])
     (first,) = pool._runners
-    first.cancel()  # as code cancelling every task at shutdown would
-    await asyncio.sleep(0)
-    assert await pool.join(5.0)
-    assert ran == [1, 2, 3]
+    first.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert ran == []
+    assert not pool._runners, "a runner was made in the cancelled one's place"
     pool.submit([4])
     assert await pool.join(5.0)
     assert ran == [1, 2, 3, 4]
+    pool.close()
+
+
+async def test_cancelling_every_runner_starts_no_queued_work_and_makes_no_runner() -> None:
+    """Handlers suspended and more queued behind them when every task is
+    cancelled (asyncio.run's teardown, a SIGTERM handler): the suspended ones
+    see the cancellation, nothing queued starts, no runner is made."""
+    started: list[int] = []
+    cancelled: list[int] = []
+    never = asyncio.Event()
+
+    async def run(n: int) -> None:
+        started.append(n)
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            cancelled.append(n)
+            raise
+
+    pool = runners(run)
+    pool.submit(range(100))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # 1, then 8 started
+    everyone = set(pool._runners)
+    assert started
+    assert len(started) < 100, "nothing was left queued: nothing was tested"
+    for task in everyone:
+        task.cancel()
+    await asyncio.gather(*everyone, return_exceptions=True)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert sorted(cancelled) == sorted(started)
+    assert not pool._runners
+    assert len(started) == len(cancelled)
     pool.close()
 
 
@@ -204,6 +262,7 @@ async def test_runners_start_under_a_task_factory_of_two_arguments() -> None:
 
 async def test_a_runner_whose_cancel_a_handler_swallowed_ends_and_the_rest_run() -> None:
     cancelled_at: list[int] = []
+    inherited: list[int] = []
     runner_of: dict[int, asyncio.Task[Any]] = {}
     gate = asyncio.Event()
 
@@ -217,7 +276,8 @@ async def test_a_runner_whose_cancel_a_handler_swallowed_ends_and_the_rest_run()
             except asyncio.CancelledError:
                 cancelled_at.append(n)  # swallowed
         else:
-            assert task.cancelling() == 0
+            if task.cancelling():
+                inherited.append(n)
             await asyncio.sleep(0)
 
     pool = runners(run)
@@ -227,6 +287,7 @@ async def test_a_runner_whose_cancel_a_handler_swallowed_ends_and_the_rest_run()
     pool.submit(range(1, 50))
     assert await pool.join(5.0)
     assert cancelled_at == [0]
+    assert inherited == []
     await asyncio.sleep(0)
     assert runner_of[0].done()
     assert all(runner_of[n] is not runner_of[0] for n in range(1, 50))
@@ -280,7 +341,7 @@ async def test_cancel_drops_queued_work_and_cancels_the_suspended_handlers() -> 
     assert not await pool.join(0.05)
     assert pool.outstanding == 5
     pool.submit(range(5, 10))  # queued as the cancel comes: never start
-    await pool.cancel()
+    assert await pool.cancel() == [5, 6, 7, 8, 9]
     assert sorted(cancelled) == list(range(5))
     assert started == list(range(5))
     assert pool.outstanding == 0

@@ -114,13 +114,13 @@ class Dispatcher:
 
     def _raised(self, message: Message, exc: BaseException, started: float) -> bool:
         """A handler raised: report it now. Return True when its runner must raise
-        it on: a cancellation by the runner pool (a shutdown), or a BaseException
-        that is not an Exception. Any other cancellation (code that kept a task
-        and cancelled it) is the handler's error, as a raise is."""
+        it on: a cancellation of the runner (a shutdown: the drain's, or code
+        cancelling every task; its message goes back unsettled, with no delivery
+        attempt spent), or a BaseException that is not an Exception."""
         seconds = time.perf_counter() - started
         if isinstance(exc, asyncio.CancelledError):
-            if self._runners.cancelled_by_pool(asyncio.current_task()):
-                return True  # a shutdown; any other cancel is the handler's error
+            if _runner_cancelled():
+                return True
         elif not isinstance(exc, Exception):
             return True
         self._done(message, exc)
@@ -179,7 +179,8 @@ class Dispatcher:
         """Wait up to ``timeout`` seconds for running handlers; cancel the rest
         (those that have not started never do)."""
         if not await self._runners.join(timeout):
-            await self._runners.cancel()
+            for message in await self._runners.cancel():
+                message._started = False  # no handler saw it: no attempt spent
         self.report()  # before what is still held is given back
 
     def close(self) -> None:
@@ -188,3 +189,10 @@ class Dispatcher:
         self._runners.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _runner_cancelled() -> bool:
+    """Whether the running runner was cancelled from outside (a shutdown), rather
+    than a handler raising CancelledError of its own."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

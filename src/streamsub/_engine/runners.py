@@ -11,15 +11,18 @@ another, each coroutine in a fresh copy of the subscriber's context:
 - a handler that suspends keeps its runner (the runner task awaits what the
   handler awaits, so ``asyncio.timeout``, ``TaskGroup``, anyio cancel scopes and
   ``asyncio.current_task()`` find a task running that handler alone), and hands
-  the queue over first: it wakes an idle runner (or makes one) for each item
-  queued, so they all start in the next turn of the loop.
+  the queue over first: it wakes idle runners (or makes them) for the items
+  queued, up to ``HANDOFF``, each of which does the same as its handler
+  suspends.
 
-So handlers run as concurrently as with a task each: a queued item waits only
+So handlers run about as concurrently as with a task each: a queued item waits
 while another handler runs without suspending, as it would for its task's first
-step, and one turn more when the handler before it suspended. A runner runs
-handlers one after the other, never two at once; Google's Pub/Sub client runs
-callbacks in a thread pool the same way. A handler that swallows a cancellation
-of its runner ends that runner, so no later handler inherits the request.
+step, and a few turns of the loop more behind handlers that suspend. A runner
+runs handlers one after the other, never two at once, as a thread pool reuses
+its threads; the pool keeps up to ``IDLE_KEEP`` idle runners. A handler that
+swallows a cancellation of its runner ends that runner, so no later handler
+inherits the request. A runner cancelled from outside (code stopping every
+task) starts nothing more, and none is made in its place until more work comes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,17 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Runners"]
+__all__ = ["HANDOFF", "IDLE_KEEP", "Runners"]
+
+HANDOFF = 8
+"""Runners a suspending handler's runner wakes at most for the work queued behind
+it; each of those that suspends in turn wakes as many again (1, 8, 64, 512: a
+read of 1,000 handlers that all wait on I/O starts within four turns of the
+loop), while a queue of handlers that mostly return at once wakes few for
+nothing."""
+
+IDLE_KEEP = 64
+"""Idle runners kept for later work; one more that runs out of work ends."""
 
 T = TypeVar("T")
 
@@ -41,11 +54,13 @@ class Runners(Generic[T]):
     """Runs ``run(item)`` for each submitted item, in a pool of runner tasks.
 
     ``takers`` counts the runners taking work from the queue now or woken to
-    take it; whenever the queue holds work, at least one is, and as many as it
-    holds once a handler suspends, so queued work never waits for a handler that
-    suspended. A runner takes, in one step, only what was queued when the step
-    began: work queued meanwhile (a handler's ack letting the next message of
-    its key start) waits for the next turn of the loop, as a new task's would.
+    take it; whenever the queue holds work, at least one is (but after a
+    runner was cancelled from outside, until the next ``submit``), and a
+    handler that suspends wakes more (``HANDOFF``), so queued work never waits
+    for a handler that suspended. A runner takes, in one step, at most what was
+    queued when the step began: work queued meanwhile (a handler's ack letting
+    the next message of its key start) waits for a later turn of the loop, or
+    for a runner whose handler resumes.
     """
 
     def __init__(self, run: Run[T], context: contextvars.Context) -> None:
@@ -61,8 +76,6 @@ class Runners(Generic[T]):
         self._runners: set[asyncio.Task[None]] = set()
         self._unstarted: set[asyncio.Task[None]] = set()
         """Runners made and not yet run: counted as takers until they run."""
-        self._cancelled: set[asyncio.Task[None]] = set()
-        """Runners this pool cancelled (``cancel``, ``close``)."""
         self._outstanding = 0
         """Items submitted and not finished: queued or running."""
         self._joined: asyncio.Future[None] | None = None
@@ -77,11 +90,6 @@ class Runners(Generic[T]):
     def closed(self) -> bool:
         """Whether ``close`` was called: nothing submitted runs any more."""
         return self._closed
-
-    def cancelled_by_pool(self, task: asyncio.Task[Any] | None) -> bool:
-        """Whether ``task`` is a runner this pool cancelled (a shutdown), rather
-        than one some other code cancelled."""
-        return task in self._cancelled
 
     def submit(self, items: Iterable[T]) -> None:
         """Queue each item to run (nothing, once closed)."""
@@ -102,23 +110,23 @@ class Runners(Generic[T]):
         done, _ = await asyncio.wait({self._joined}, timeout=max(0.0, timeout))
         return bool(done)
 
-    async def cancel(self) -> None:
+    async def cancel(self) -> list[T]:
         """Drop the queued items (they never start) and cancel the handlers
-        running; wait for their runners to end."""
-        for _ in range(len(self._queue)):
-            self._finished()
+        running; wait for their runners to end. Return the items dropped."""
+        dropped = list(self._queue)
         self._queue.clear()
+        for _ in dropped:
+            self._finished()
         running = list(self._suspended)
         for task in running:
-            self._cancelled.add(task)
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        return dropped
 
     def close(self) -> None:
         """End every runner (idle ones wait for work for ever)."""
         self._closed = True
         for task in self._runners:
-            self._cancelled.add(task)
             task.cancel()
 
     def _wake(self) -> None:
@@ -142,12 +150,11 @@ class Runners(Generic[T]):
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._runners.discard(task)
-        self._cancelled.discard(task)
         if task in self._unstarted:  # cancelled before its first step
+            # No runner in its place: code that cancels every task (a shutdown)
+            # must not find handlers starting after it. The next submit wakes one.
             self._unstarted.discard(task)
             self._takers -= 1
-            if self._queue and not self._takers and not self._closed:
-                self._wake()
 
     def _finished(self) -> None:
         self._outstanding -= 1
@@ -161,6 +168,7 @@ class Runners(Generic[T]):
         loop = asyncio.get_running_loop()
         queue = self._queue
         taking = True  # _wake counted this runner
+        broken = False
         try:
             while True:
                 left = len(queue)  # what this step takes; the rest waits a turn
@@ -180,7 +188,9 @@ class Runners(Generic[T]):
                         # Suspended: the runner stays with this handler.
                         taking = False
                         self._takers -= 1
-                        while len(queue) > self._takers:  # all start in the next turn
+                        for _ in range(HANDOFF):
+                            if len(queue) <= self._takers:
+                                break
                             self._wake()
                         self._suspended.add(task)
                         await _Resume(coro, context, signal)
@@ -194,6 +204,8 @@ class Runners(Generic[T]):
                         return  # its cancel was swallowed: no later handler inherits it
                 taking = False
                 self._takers -= 1
+                if len(self._idle) >= IDLE_KEEP:
+                    return
                 parked = loop.create_future()
                 self._idle.append(parked)
                 try:
@@ -201,15 +213,22 @@ class Runners(Generic[T]):
                 except asyncio.CancelledError:
                     # Woken before the cancel arrived: _wake counted it.
                     taking = parked.done() and not parked.cancelled()
+                    if not taking and parked in self._idle:
+                        self._idle.remove(parked)
                     raise
                 taking = True
                 if task.cancelling():
                     return
+        except Exception:
+            broken = True  # a bug in run(): the queue must go on without this runner
+            raise
         finally:
             self._suspended.discard(task)
             if taking:
                 self._takers -= 1
-            if queue and not self._takers and not self._closed:
+            # Not after a cancellation or a KeyboardInterrupt: code stopping
+            # everything must not find handlers starting after it.
+            if broken and queue and not self._takers and not self._closed:
                 self._wake()
 
 
