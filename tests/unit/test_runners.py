@@ -367,3 +367,27 @@ async def test_a_coroutine_that_raises_ends_its_runner_and_the_queue_goes_on() -
     with pytest.raises(RuntimeError):
         await broken[0]
     pool.close()
+
+
+async def test_a_runner_cancelled_between_its_steps_makes_none_in_its_place() -> None:
+    """A chain of handlers, each queueing the next: its runner, cancelled while
+    it waits for its next step (a shutdown), ends the chain there."""
+    ran: list[int] = []
+    pool: Runners[int]
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        if n < 100:
+            pool.submit([n + 1])
+
+    pool = runners(run)
+    pool.submit([0])
+    await asyncio.sleep(0)
+    (runner,) = pool._runners
+    runner.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert 0 < len(ran) < 5
+    assert not pool._runners
+    assert pool.outstanding == 1  # queued, for the next submit or a drain
+    pool.close()
