@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from streamsub._engine.runners import HANDOFF, IDLE_KEEP, Runners
+from streamsub._engine import runners as runners_module
+from streamsub._engine.runners import HANDOFF, Runners
 
 Run = Callable[[int], Coroutine[Any, Any, None]]
 
@@ -73,8 +74,26 @@ async def test_handlers_that_suspend_run_at_once_each_alone_in_a_runner() -> Non
     assert await pool.join(5.0)
     assert sorted(finished) == list(range(200))
     assert shared == 0
-    assert len(pool._idle) <= IDLE_KEEP
-    assert len(pool._runners) <= IDLE_KEEP, "the idle runners past IDLE_KEEP did not end"
+    pool.close()
+
+
+async def test_idle_runners_past_idle_keep_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runners_module, "IDLE_KEEP", 10)
+    never_before = asyncio.Event()
+
+    async def run(n: int) -> None:
+        await never_before.wait()
+
+    pool = runners(run)
+    pool.submit(range(50))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(pool._runners) == 50
+    never_before.set()
+    assert await pool.join(5.0)
+    await asyncio.sleep(0)
+    assert len(pool._idle) == 10
+    assert len(pool._runners) == 10, "the idle runners past IDLE_KEEP did not end"
     pool.close()
 
 

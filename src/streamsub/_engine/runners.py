@@ -42,8 +42,11 @@ read of 1,000 handlers that all wait on I/O starts within four turns of the
 loop), while a queue of handlers that mostly return at once wakes few for
 nothing."""
 
-IDLE_KEEP = 64
-"""Idle runners kept for later work; one more that runs out of work ends."""
+IDLE_KEEP = 1_000
+"""Idle runners kept for later work (about 1 KB each); one more that runs out of
+work ends. As many as flow control's default ``max_messages``: a subscriber
+whose handlers wait on I/O in bursts keeps its runners between bursts (with 64
+kept, bursts of 500 such handlers cost 9.1 µs a handler against 6.2)."""
 
 T = TypeVar("T")
 
