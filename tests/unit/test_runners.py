@@ -22,6 +22,26 @@ def runners(run: Run) -> Runners[int]:
     return Runners(run, contextvars.copy_context())
 
 
+class Stuck:
+    """A handler that waits for ever on the items ``stuck`` picks (all by
+    default), noting those that started and those that saw a cancellation."""
+
+    def __init__(self, stuck: Callable[[int], bool] = lambda n: True) -> None:
+        self._stuck = stuck
+        self._never = asyncio.Event()
+        self.started: list[int] = []
+        self.cancelled: list[int] = []
+
+    async def __call__(self, n: int) -> None:
+        self.started.append(n)
+        if self._stuck(n):
+            try:
+                await self._never.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(n)
+                raise
+
+
 async def test_handlers_that_never_suspend_run_in_order_in_one_runner_in_one_turn() -> None:
     ran: list[int] = []
     tasks: set[asyncio.Task[Any] | None] = set()
@@ -222,19 +242,9 @@ async def test_cancelling_every_runner_starts_no_queued_work_and_makes_no_runner
     """Handlers suspended and more queued behind them when every task is
     cancelled (asyncio.run's teardown, a SIGTERM handler): the suspended ones
     see the cancellation, nothing queued starts, no runner is made."""
-    started: list[int] = []
-    cancelled: list[int] = []
-    never = asyncio.Event()
-
-    async def run(n: int) -> None:
-        started.append(n)
-        try:
-            await never.wait()
-        except asyncio.CancelledError:
-            cancelled.append(n)
-            raise
-
-    pool = runners(run)
+    stuck = Stuck()
+    started, cancelled = stuck.started, stuck.cancelled
+    pool = runners(stuck)
     pool.submit(range(100))
     await asyncio.sleep(0)
     await asyncio.sleep(0)  # 1, then 8 started
@@ -341,20 +351,9 @@ async def _record_who(n: int) -> None:
 
 
 async def test_cancel_drops_queued_work_and_cancels_the_suspended_handlers() -> None:
-    started: list[int] = []
-    cancelled: list[int] = []
-    never = asyncio.Event()
-
-    async def run(n: int) -> None:
-        started.append(n)
-        if n < 5:
-            try:
-                await never.wait()
-            except asyncio.CancelledError:
-                cancelled.append(n)
-                raise
-
-    pool = runners(run)
+    stuck = Stuck(lambda n: n < 5)
+    started, cancelled = stuck.started, stuck.cancelled
+    pool = runners(stuck)
     pool.submit(range(5))
     await asyncio.sleep(0)
     assert not await pool.join(0.05)
