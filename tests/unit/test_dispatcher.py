@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from streamsub._engine.dispatcher import Dispatcher
 from streamsub._message import Message
@@ -47,11 +48,19 @@ async def test_handlers_cancelled_with_every_task_are_not_reported_as_failures()
         await forever.wait()
 
     reports = Reports()
-    dispatcher = Dispatcher(handler, done=reports.done, handled=reports.handled, subscription="sub")
+    stopping = False
+    dispatcher = Dispatcher(
+        handler,
+        done=reports.done,
+        handled=reports.handled,
+        subscription="sub",
+        alive=lambda: not stopping,
+    )
     dispatcher.start([message(n) for n in range(50)])
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     runners = set(dispatcher._runners._runners)
+    stopping = True  # as the receiver shows once its settler is cancelled with every task
     for task in runners:
         task.cancel()
     await asyncio.gather(*runners, return_exceptions=True)
@@ -61,6 +70,39 @@ async def test_handlers_cancelled_with_every_task_are_not_reported_as_failures()
     assert reports.errors == []
     assert reports.returned == []
     assert not dispatcher._runners._runners
+    dispatcher.close()
+
+
+async def test_a_cancel_by_code_that_kept_an_earlier_handlers_task_is_the_handlers_error() -> None:
+    """Handler 1 keeps its task (a forgotten watchdog); handler 2 runs next on
+    the same runner and is cancelled through it while the subscriber runs: its
+    message is reported as failed (so it is nacked and logged), not dropped as
+    if the subscriber were stopping."""
+    kept: list[asyncio.Task[Any]] = []
+    forever = asyncio.Event()
+
+    async def handler(m: Message) -> None:
+        if m.data == b"1":
+            task = asyncio.current_task()
+            assert task is not None
+            kept.append(task)
+        else:
+            await forever.wait()
+
+    reports = Reports()
+    dispatcher = Dispatcher(handler, done=reports.done, handled=reports.handled, subscription="sub")
+    dispatcher.start([message(1)])
+    await asyncio.sleep(0)
+    dispatcher.start([message(2)])
+    await asyncio.sleep(0)
+    assert dispatcher.running == 1
+    kept[0].cancel()
+    await asyncio.sleep(0.01)
+    assert dispatcher.running == 0
+    assert [(data, type(error)) for data, error in reports.errors] == [
+        (b"2", asyncio.CancelledError)
+    ]
+    assert reports.returned == [b"1"]
     dispatcher.close()
 
 
@@ -80,9 +122,17 @@ async def test_a_drain_that_times_out_cancels_the_handlers_without_reporting_the
                 raise
 
     reports = Reports()
-    dispatcher = Dispatcher(handler, done=reports.done, handled=reports.handled, subscription="sub")
+    stopping = False
+    dispatcher = Dispatcher(
+        handler,
+        done=reports.done,
+        handled=reports.handled,
+        subscription="sub",
+        alive=lambda: not stopping,
+    )
     dispatcher.start([message(n) for n in range(20)])
     await asyncio.sleep(0)
+    stopping = True  # as the receiver's stop sets before its drain
     await dispatcher.drain(0.05)
     assert sorted(cancelled) == sorted(str(n).encode() for n in range(1, 20, 2))
     assert reports.errors == []
@@ -92,27 +142,3 @@ async def test_a_drain_that_times_out_cancels_the_handlers_without_reporting_the
     dispatcher.start([message(99)])  # after close: never starts
     await asyncio.sleep(0)
     assert dispatcher.running == 0
-
-
-async def test_messages_a_drain_drops_before_they_start_are_not_marked_started() -> None:
-    """A drain whose time is up while messages still wait for a runner: those
-    never start, and are not marked started (given back, they spend no
-    delivery attempt); those whose handlers ran are."""
-    forever = asyncio.Event()
-    ran: set[bytes] = set()
-
-    async def handler(m: Message) -> None:
-        ran.add(m.data)
-        await forever.wait()
-
-    reports = Reports()
-    dispatcher = Dispatcher(handler, done=reports.done, handled=reports.handled, subscription="sub")
-    messages = [message(n) for n in range(50)]
-    dispatcher.start(messages)
-    await dispatcher.drain(0)
-    dropped = [m for m in messages if m.data not in ran]
-    assert dropped, "every handler started before the drain: nothing was tested"
-    assert all(not m._started for m in dropped)
-    assert all(m._started for m in messages if m.data in ran)
-    assert reports.errors == []
-    dispatcher.close()

@@ -18,8 +18,21 @@ Run = Callable[[int], Coroutine[Any, Any, None]]
 who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 
 
-def runners(run: Run) -> Runners[int]:
-    return Runners(run, contextvars.copy_context())
+def runners(run: Run, alive: Callable[[], bool] = lambda: True) -> Runners[int]:
+    return Runners(run, contextvars.copy_context(), alive)
+
+
+class Owner:
+    """The pool's owner, running until ``stop``: what ``alive`` tells."""
+
+    def __init__(self) -> None:
+        self.running = True
+
+    def alive(self) -> bool:
+        return self.running
+
+    def stop(self) -> None:
+        self.running = False
 
 
 class Stuck:
@@ -216,25 +229,29 @@ async def test_work_queued_by_a_handler_waits_a_turn_so_a_chain_does_not_starve_
     pool.close()
 
 
-async def test_a_runner_cancelled_before_its_first_step_starts_nothing_until_more_comes() -> None:
-    """As code cancelling every task at shutdown would: what was queued does not
-    start behind its back; the next submit takes it all, in order."""
+@pytest.mark.parametrize("stopping", [False, True])
+async def test_a_runner_cancelled_before_its_first_step(stopping: bool) -> None:
+    """While the owner runs, another runner takes the queue at once; once it
+    stops (code cancelling every task), nothing starts behind its back."""
     ran: list[int] = []
 
     async def run(n: int) -> None:
         ran.append(n)
 
-    pool = runners(run)
+    owner = Owner()
+    pool = runners(run, owner.alive)
     pool.submit([1, 2, 3])
     (first,) = pool._runners
+    if stopping:
+        owner.stop()
     first.cancel()
     for _ in range(3):
         await asyncio.sleep(0)
-    assert ran == []
-    assert not pool._runners, "a runner was made in the cancelled one's place"
-    pool.submit([4])
-    assert await pool.join(5.0)
-    assert ran == [1, 2, 3, 4]
+    if stopping:
+        assert ran == []
+        assert not pool._runners, "a runner was made in the cancelled one's place"
+    else:
+        assert ran == [1, 2, 3]
     pool.close()
 
 
@@ -244,13 +261,15 @@ async def test_cancelling_every_runner_starts_no_queued_work_and_makes_no_runner
     see the cancellation, nothing queued starts, no runner is made."""
     stuck = Stuck()
     started, cancelled = stuck.started, stuck.cancelled
-    pool = runners(stuck)
+    owner = Owner()
+    pool = runners(stuck, owner.alive)
     pool.submit(range(100))
     await asyncio.sleep(0)
     await asyncio.sleep(0)  # 1, then 8 started
     everyone = set(pool._runners)
     assert started
     assert len(started) < 100, "nothing was left queued: nothing was tested"
+    owner.stop()
     for task in everyone:
         task.cancel()
     await asyncio.gather(*everyone, return_exceptions=True)
@@ -387,9 +406,11 @@ async def test_a_coroutine_that_raises_ends_its_runner_and_the_queue_goes_on() -
     pool.close()
 
 
-async def test_a_runner_cancelled_between_its_steps_makes_none_in_its_place() -> None:
+@pytest.mark.parametrize("stopping", [False, True])
+async def test_a_runner_cancelled_between_its_steps(stopping: bool) -> None:
     """A chain of handlers, each queueing the next: its runner, cancelled while
-    it waits for its next step (a shutdown), ends the chain there."""
+    it waits for its next step, is replaced while the owner runs (the chain
+    goes on), and not once it stops (the chain ends there)."""
     ran: list[int] = []
     pool: Runners[int]
 
@@ -398,14 +419,43 @@ async def test_a_runner_cancelled_between_its_steps_makes_none_in_its_place() ->
         if n < 100:
             pool.submit([n + 1])
 
-    pool = runners(run)
+    owner = Owner()
+    pool = runners(run, owner.alive)
     pool.submit([0])
     await asyncio.sleep(0)
     (runner,) = pool._runners
+    if stopping:
+        owner.stop()
     runner.cancel()
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert 0 < len(ran) < 5
-    assert not pool._runners
-    assert pool.outstanding == 1  # queued, for the next submit or a drain
+    if stopping:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert 0 < len(ran) < 5
+        assert not pool._runners
+        assert pool.outstanding == 1  # queued, for a drain
+    else:
+        assert await pool.join(5.0)
+        assert ran == list(range(101))
+    pool.close()
+
+
+async def test_a_handler_cancelling_an_earlier_handlers_task_strands_nothing() -> None:
+    """Each handler cancels the task the one before it ran in (a "supersede the
+    previous handler" pattern): with quick handlers that is its own runner,
+    which ends; another takes the queue, and every item runs."""
+    ran: list[int] = []
+    previous: list[asyncio.Task[Any]] = []
+
+    async def run(n: int) -> None:
+        ran.append(n)
+        task = asyncio.current_task()
+        assert task is not None
+        if previous:
+            previous.pop().cancel()
+        previous.append(task)
+
+    pool = runners(run)
+    pool.submit(range(8))
+    assert await pool.join(5.0)
+    assert ran == list(range(8))
     pool.close()

@@ -59,6 +59,7 @@ class Dispatcher:
         handled: Callable[[list[Message]], None],
         subscription: str,
         threads: int = DEFAULT_HANDLER_THREADS,
+        alive: Callable[[], bool] = lambda: True,
     ) -> None:
         self._subscription = subscription
         self._tracing = tracing.ENABLED
@@ -70,7 +71,10 @@ class Dispatcher:
         self._is_async = is_async_handler(handler)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._threads = threads
-        self._runners: Runners[Message] = Runners(self._run, contextvars.copy_context())
+        self._alive = alive
+        """Whether the subscriber runs (not stopping, not cancelled with every
+        task): a cancellation that reaches a handler then is the handler's."""
+        self._runners: Runners[Message] = Runners(self._run, contextvars.copy_context(), alive)
         self._returned: list[Message] = []
         """Handlers that returned this turn, reported at its end."""
         self._seconds: list[float] = []
@@ -114,12 +118,14 @@ class Dispatcher:
 
     def _raised(self, message: Message, exc: BaseException, started: float) -> bool:
         """A handler raised: report it now. Return True when its runner must raise
-        it on: a cancellation of the runner (a shutdown: the drain's, or code
-        cancelling every task; its message goes back unsettled, with no delivery
-        attempt spent), or a BaseException that is not an Exception."""
+        it on: a cancellation while the subscriber stops (the drain's, or code
+        cancelling every task: its message goes back unsettled), or a
+        BaseException that is not an Exception. A cancellation while it runs
+        (code that kept a runner's task and cancelled it) is the handler's
+        error, as a raise is."""
         seconds = time.perf_counter() - started
         if isinstance(exc, asyncio.CancelledError):
-            if _runner_cancelled():
+            if not self._alive():
                 return True
         elif not isinstance(exc, Exception):
             return True
@@ -179,8 +185,7 @@ class Dispatcher:
         """Wait up to ``timeout`` seconds for running handlers; cancel the rest
         (those that have not started never do)."""
         if not await self._runners.join(timeout):
-            for message in await self._runners.cancel():
-                message._started = False  # no handler saw it: no attempt spent
+            await self._runners.cancel()
         self.report()  # before what is still held is given back
 
     def close(self) -> None:
@@ -189,10 +194,3 @@ class Dispatcher:
         self._runners.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _runner_cancelled() -> bool:
-    """Whether the running runner was cancelled from outside (a shutdown), rather
-    than a handler raising CancelledError of its own."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

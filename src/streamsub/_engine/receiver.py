@@ -204,6 +204,7 @@ class Receiver:
             handled=self._returned,
             subscription=subscription.name,
             threads=handler_threads,
+            alive=self._alive,
         )
         self._inventory.connect(self._start if ordered else self._dispatcher.start)
         share = min(MAX_READ, max(1, -(-flow_control.max_messages // READ_SHARE)))
@@ -424,6 +425,18 @@ class Receiver:
     def _fenced(self, partitions: list[int]) -> None:
         if self._owner is not None:
             self._owner.fenced_out(partitions)
+
+    def _alive(self) -> bool:
+        """Whether handlers may start: not stopping, and the settler (which every
+        handled message needs) neither cancelled nor ended, as it is when code
+        stops every task (asyncio.run's teardown, a SIGTERM handler)."""
+        task = self._settle_task
+        return (
+            not self._intake.stopping
+            and task is not None
+            and not task.done()
+            and not task.cancelling()
+        )
 
     def _token(self, partition: int) -> int:
         return self._owner.owned.get(partition, 0) if self._owner is not None else 0

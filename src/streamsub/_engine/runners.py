@@ -21,8 +21,8 @@ step, and a few turns of the loop more behind handlers that suspend. A runner
 runs handlers one after the other, never two at once, as a thread pool reuses
 its threads; the pool keeps up to ``IDLE_KEEP`` idle runners. A handler that
 swallows a cancellation of its runner ends that runner, so no later handler
-inherits the request. A runner cancelled from outside (code stopping every
-task) starts nothing more, and none is made in its place until more work comes.
+inherits the request. A runner cancelled while its owner stops (code stopping
+every task) starts nothing more, and none is made in its place.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = ["HANDOFF", "IDLE_KEEP", "Runners"]
 HANDOFF = 8
 """Runners a suspending handler's runner wakes at most for the work queued behind
 it; each of those that suspends in turn wakes as many again (1, 8, 64, 512: a
-read of 1,000 handlers that all wait on I/O starts within four turns of the
+read of 1,000 handlers that all wait on I/O starts within five turns of the
 loop), while a queue of handlers that mostly return at once wakes few for
 nothing."""
 
@@ -46,7 +46,8 @@ IDLE_KEEP = 1_000
 """Idle runners kept for later work (about 1 KB each); one more that runs out of
 work ends. As many as flow control's default ``max_messages``: a subscriber
 whose handlers wait on I/O in bursts keeps its runners between bursts (with 64
-kept, bursts of 500 such handlers cost 9.1 µs a handler against 6.2)."""
+kept, bursts of 500 such handlers cost 9.1 µs a handler against a task's 5.8:
+``benchmarks/README.md``, "Handler runners")."""
 
 T = TypeVar("T")
 
@@ -57,17 +58,22 @@ class Runners(Generic[T]):
     """Runs ``run(item)`` for each submitted item, in a pool of runner tasks.
 
     ``takers`` counts the runners taking work from the queue now or woken to
-    take it; whenever the queue holds work, at least one is (but after a
-    runner was cancelled from outside, until the next ``submit``), and a
-    handler that suspends wakes more (``HANDOFF``), so queued work never waits
-    for a handler that suspended. A runner takes, in one step, at most what was
+    take it; whenever the queue holds work, at least one is, and a handler that
+    suspends wakes more (``HANDOFF``), so queued work never waits for a handler
+    that suspended. A runner that ends (cancelled, or its handler swallowed a
+    cancellation) is replaced while ``alive()`` says the pool's owner runs; not
+    when it says it stops (code cancelling every task, a shutdown), so no
+    handler starts behind a shutdown's back. A runner takes, in one step, at most what was
     queued when the step began: work queued meanwhile (a handler's ack letting
     the next message of its key start) waits for a later turn of the loop, or
     for a runner whose handler resumes.
     """
 
-    def __init__(self, run: Run[T], context: contextvars.Context) -> None:
+    def __init__(
+        self, run: Run[T], context: contextvars.Context, alive: Callable[[], bool] = lambda: True
+    ) -> None:
         self._run = run
+        self._alive = alive
         self._context = context
         """Each item runs in a copy of this: the subscriber's, not whichever
         handler's context queued it."""
@@ -154,10 +160,15 @@ class Runners(Generic[T]):
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._runners.discard(task)
         if task in self._unstarted:  # cancelled before its first step
-            # No runner in its place: code that cancels every task (a shutdown)
-            # must not find handlers starting after it. The next submit wakes one.
             self._unstarted.discard(task)
             self._takers -= 1
+            self._replace()
+
+    def _replace(self) -> None:
+        """A runner ended: wake another if it left queued work untaken, unless
+        the owner is stopping (a shutdown must not see handlers start)."""
+        if self._queue and not self._takers and not self._closed and self._alive():
+            self._wake()
 
     def _finished(self) -> None:
         self._outstanding -= 1
@@ -171,7 +182,6 @@ class Runners(Generic[T]):
         loop = asyncio.get_running_loop()
         queue = self._queue
         taking = True  # _wake counted this runner
-        broken = False
         try:
             while True:
                 left = len(queue)  # what this step takes; the rest waits a turn
@@ -181,9 +191,9 @@ class Runners(Generic[T]):
                         left = len(queue)
                         continue
                     left -= 1
-                    coro = self._run(queue.popleft())
                     context = self._context.copy()
                     try:
+                        coro = self._run(queue.popleft())
                         signal = context.run(coro.send, None)
                     except StopIteration:
                         pass
@@ -222,17 +232,11 @@ class Runners(Generic[T]):
                 taking = True
                 if task.cancelling():
                     return
-        except Exception:
-            broken = True  # a bug in run(): the queue must go on without this runner
-            raise
         finally:
             self._suspended.discard(task)
             if taking:
                 self._takers -= 1
-            # Not after a cancellation or a KeyboardInterrupt: code stopping
-            # everything must not find handlers starting after it.
-            if broken and queue and not self._takers and not self._closed:
-                self._wake()
+            self._replace()
 
 
 class _Resume:
