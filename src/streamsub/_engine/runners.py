@@ -63,10 +63,10 @@ class Runners(Generic[T]):
     that suspended. A runner that ends (cancelled, or its handler swallowed a
     cancellation) is replaced while ``alive()`` says the pool's owner runs; not
     when it says it stops (code cancelling every task, a shutdown), so no
-    handler starts behind a shutdown's back. A runner takes, in one step, at most what was
-    queued when the step began: work queued meanwhile (a handler's ack letting
-    the next message of its key start) waits for a later turn of the loop, or
-    for a runner whose handler resumes.
+    handler starts behind a shutdown's back. A runner takes, in one step, at
+    most what was queued when the step began: work queued meanwhile (a
+    handler's ack letting the next message of its key start) waits for a later
+    turn of the loop, or for a runner whose handler resumes.
     """
 
     def __init__(
