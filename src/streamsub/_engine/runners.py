@@ -232,6 +232,9 @@ class Runners(Generic[T]):
                 taking = True
                 if task.cancelling():
                     return
+        except GeneratorExit:  # closed unfinished (its loop is gone): replace none
+            self._closed = True
+            raise
         finally:
             self._suspended.discard(task)
             if taking:
