@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamsub._engine.dispatcher import Dispatcher
@@ -25,9 +26,21 @@ def message(n: int) -> Message:
 
 
 class Reports:
+    """What a dispatcher reports, and whether its subscriber is stopping."""
+
     def __init__(self) -> None:
         self.errors: list[tuple[bytes, BaseException | None]] = []
         self.returned: list[bytes] = []
+        self.stopping = False
+
+    def dispatcher(self, handler: Callable[[Message], Awaitable[None]]) -> Dispatcher:
+        return Dispatcher(
+            handler,
+            done=self.done,
+            handled=self.handled,
+            subscription="sub",
+            alive=lambda: not self.stopping,
+        )
 
     def done(self, message: Message, error: BaseException | None) -> None:
         self.errors.append((message.data, error))
@@ -48,19 +61,12 @@ async def test_handlers_cancelled_with_every_task_are_not_reported_as_failures()
         await forever.wait()
 
     reports = Reports()
-    stopping = False
-    dispatcher = Dispatcher(
-        handler,
-        done=reports.done,
-        handled=reports.handled,
-        subscription="sub",
-        alive=lambda: not stopping,
-    )
+    dispatcher = reports.dispatcher(handler)
     dispatcher.start([message(n) for n in range(50)])
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     runners = set(dispatcher._runners._runners)
-    stopping = True  # as the receiver shows once its settler is cancelled with every task
+    reports.stopping = True  # as the receiver shows once its settler is cancelled with every task
     for task in runners:
         task.cancel()
     await asyncio.gather(*runners, return_exceptions=True)
@@ -122,17 +128,10 @@ async def test_a_drain_that_times_out_cancels_the_handlers_without_reporting_the
                 raise
 
     reports = Reports()
-    stopping = False
-    dispatcher = Dispatcher(
-        handler,
-        done=reports.done,
-        handled=reports.handled,
-        subscription="sub",
-        alive=lambda: not stopping,
-    )
+    dispatcher = reports.dispatcher(handler)
     dispatcher.start([message(n) for n in range(20)])
     await asyncio.sleep(0)
-    stopping = True  # as the receiver's stop sets before its drain
+    reports.stopping = True  # as the receiver's stop sets before its drain
     await dispatcher.drain(0.05)
     assert sorted(cancelled) == sorted(str(n).encode() for n in range(1, 20, 2))
     assert reports.errors == []
