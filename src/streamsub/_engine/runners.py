@@ -269,10 +269,6 @@ class _Resume:
                     thrown = exc
                 # Outside the except block, so the handler does not run with the
                 # exception as the one being handled (sys.exc_info, __context__).
-                if thrown is None:
-                    signal = run(coro.send, None)
-                else:
-                    signal = run(coro.throw, thrown)
-                    thrown = None
+                signal = run(coro.send, None) if thrown is None else run(coro.throw, thrown)
         except StopIteration:
             return
