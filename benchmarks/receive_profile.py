@@ -76,7 +76,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -334,11 +334,16 @@ async def _consume(
     import streamsub
 
     receiver = Receiver(n)
+    loop = asyncio.get_running_loop()
+    idle, idle_before = _IdleMeter(loop), 0.0
 
     async def handler(message: streamsub.Message) -> None:
+        nonlocal idle_before
+        if not receiver.deliveries:  # the wait for the publisher is not the consumer's
+            idle_before = idle.seconds
         receiver.on_message(message.data)
 
-    sampler = CpuSampler(interval, asyncio.get_running_loop())
+    sampler = CpuSampler(interval, loop)
     async with (
         redis_nodes(url) as watchers,
         streamsub.connect(url) as client,
@@ -348,13 +353,13 @@ async def _consume(
             flow_control=streamsub.FlowControl(max_messages=MAX_OUTSTANDING),
         ),
     ):
-        idle, collector = _IdleMeter(asyncio.get_running_loop()), _GcMeter()
-        cpu, wall = time.process_time(), time.perf_counter()
+        collector = _GcMeter()
+        idle.seconds, cpu = 0.0, time.process_time()
         if interval > 0:
             sampler.start()
         ready.set()
         await receiver.done.wait()
-        await wait_until_all_acked(*watchers)
+        last_ack_ns = await wait_until_all_acked(*watchers)
         sampler.stop()
         idle.stop()
         collector.stop()
@@ -362,19 +367,38 @@ async def _consume(
             f"  garbage collections per generation: {collector.counts}, "
             f"objects tracked at the end: {len(gc.get_objects()):,}"
         )
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        return cpu, wall, idle.seconds, collector.seconds, sampler.stacks
+        cpu = time.process_time() - cpu
+        wall = (last_ack_ns - receiver.first_publish_ns) / 1e9
+        return cpu, wall, idle.seconds - idle_before, collector.seconds, sampler.stacks
 
 
-def _publisher(url: str, n: int, size: int) -> None:
+def _publisher(url: str, n: int, size: int, cpu: Any) -> None:
+    began = time.process_time()
     asyncio.run(PublishAll(n, size)(Streamsub(Env(redis_url=url))))
+    cpu.put(time.process_time() - began)
 
 
-def one_round(
-    url: str, n: int, size: int, interval: float, src: str
-) -> tuple[float, float, float, list[float], collections.Counter[str]]:
-    """Run one round, the consumer running the streamsub in ``src``; return (CPU s,
-    wall s, idle s, garbage collection s per generation, samples per stack)."""
+async def _servers_cpu(url: str) -> float:
+    """The CPU seconds (user + system, ``INFO cpu``) the servers holding data used so far."""
+    async with redis_nodes(url) as clients:
+        infos = [await client.info("cpu") for client in clients]
+    return sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in infos)
+
+
+class Round(NamedTuple):
+    """One round's measurements, in seconds (``stacks``: samples per stack)."""
+
+    cpu: float  # the consumer's
+    wall: float
+    idle: float  # the consumer's event loop in epoll
+    collecting: list[float]  # the consumer's garbage collections, per generation
+    stacks: collections.Counter[str]
+    publisher_cpu: float
+    servers_cpu: float  # redis-server's (every master's on a cluster), the round's whole span
+
+
+def one_round(url: str, n: int, size: int, interval: float, src: str) -> Round:
+    """Run one round, the consumer running the streamsub in ``src``."""
     impl = Streamsub(Env(redis_url=url))
     asyncio.run(impl.flush())
     asyncio.run(impl.setup())
@@ -384,15 +408,19 @@ def one_round(
     if not ready.wait(60):
         consumer.kill()
         raise RuntimeError("the consumer did not subscribe")
-    publisher = _SPAWN.Process(target=_publisher, args=(url, n, size))
+    published = _SPAWN.Queue()
+    servers_before = asyncio.run(_servers_cpu(url))
+    publisher = _SPAWN.Process(target=_publisher, args=(url, n, size, published))
     publisher.start()
     status, value = results.get(timeout=600)
+    servers_cpu = asyncio.run(_servers_cpu(url)) - servers_before
+    publisher_cpu = published.get(timeout=60)
     publisher.join(30)
     consumer.join(30)
     if status != "ok":
         raise RuntimeError(f"consumer failed: {value}")
     cpu, wall, idle, collecting, stacks = value
-    return cpu, wall, idle, collecting, stacks
+    return Round(cpu, wall, idle, collecting, stacks, publisher_cpu, servers_cpu)
 
 
 def awaited(stacks: collections.Counter[str]) -> int:
@@ -440,8 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         from impls.streamsub_prev import REPO_ROOT, extract
 
         codes = {args.compare: str(extract(args.compare, REPO_ROOT)), **codes}
-    rounds: dict[str, list[tuple[float, dict[str, float]]]] = {code: [] for code in codes}
-    waits: dict[str, list[tuple[float, float, float]]] = {code: [] for code in codes}
+    rounds: dict[str, list[tuple[Round, dict[str, float]]]] = {code: [] for code in codes}
     start_servers = servers.redis_cluster if args.cluster else servers.redis_server
     with start_servers(redis_path) as url:
         if args.cluster:
@@ -449,36 +476,42 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = list(codes) if r % 2 == 0 else list(reversed(codes))
             for code in order:
-                cpu, wall, idle, collecting, stacks = one_round(
-                    url, n, args.size, args.interval, codes[code]
-                )
+                one = one_round(url, n, args.size, args.interval, codes[code])
                 if args.stacks:
                     args.stacks.mkdir(parents=True, exist_ok=True)
-                    lines = (f"{stack} {count}\n" for stack, count in stacks.most_common())
+                    lines = (f"{stack} {count}\n" for stack, count in one.stacks.most_common())
                     name = "".join(c if c.isalnum() else "-" for c in code)
                     (args.stacks / f"{name}-round{r + 1}.txt").write_text("".join(lines))
-                rounds[code].append((cpu * 1e6 / n, breakdown(stacks)))
-                waits[code].append((wall * 1e6 / n, idle * 1e6 / n, sum(collecting) * 1e6 / n))
+                rounds[code].append((one, breakdown(one.stacks)))
                 print(
-                    f"round {r + 1} {code}: {n / wall:,.0f} msgs/s, per message: CPU "
-                    f"{cpu * 1e6 / n:.2f} us, wall {wall * 1e6 / n:.2f} us, loop idle "
-                    f"{idle * 1e6 / n:.2f} us, garbage collection "
-                    f"{'/'.join(f'{g * 1e6 / n:.2f}' for g in collecting)} us (generations "
-                    f"0/1/2); {sum(stacks.values())} samples ({awaited(stacks)} in tasks "
+                    f"round {r + 1} {code}: {n / one.wall:,.0f} msgs/s, per message: CPU "
+                    f"{one.cpu * 1e6 / n:.2f} us (publisher {one.publisher_cpu * 1e6 / n:.2f}, "
+                    f"redis-server {one.servers_cpu * 1e6 / n:.2f}), wall "
+                    f"{one.wall * 1e6 / n:.2f} us, loop idle {one.idle * 1e6 / n:.2f} us, "
+                    "garbage collection "
+                    f"{'/'.join(f'{g * 1e6 / n:.2f}' for g in one.collecting)} us (generations "
+                    f"0/1/2); {sum(one.stacks.values())} samples ({awaited(one.stacks)} in tasks "
                     "another awaits), "
                     f"load {os.getloadavg()[0]:.2f}"
                 )
     for code, results in rounds.items():
-        us = statistics.median(cpu for cpu, _ in results)
+
+        def per_message(
+            measure: Callable[[Round], float],
+            results: list[tuple[Round, dict[str, float]]] = results,
+        ) -> float:
+            return statistics.median(measure(one) for one, _ in results) * 1e6 / n
+
+        us = per_message(lambda one: one.cpu)
         names = {part for _, shares in results for part in shares}
         share = {p: statistics.median(s.get(p, 0.0) for _, s in results) for p in names}
-        wall = statistics.median(w for w, _, _ in waits[code])
-        idle = statistics.median(i for _, i, _ in waits[code])
-        collected = statistics.median(c for _, _, c in waits[code])
         print(
             f"\n{code}, medians of {len(results)} rounds, per message: consumer CPU {us:.2f} us, "
-            f"wall {wall:.2f} us, event loop idle {idle:.2f} us, garbage collection "
-            f"{collected:.2f} us (wall, in the CPU parts below)"
+            f"wall {per_message(lambda one: one.wall):.2f} us, event loop idle "
+            f"{per_message(lambda one: one.idle):.2f} us, garbage collection "
+            f"{per_message(lambda one: sum(one.collecting)):.2f} us (wall, in the CPU parts "
+            f"below); the publisher's CPU {per_message(lambda one: one.publisher_cpu):.2f} us, "
+            f"redis-server's {per_message(lambda one: one.servers_cpu):.2f} us"
         )
         print("| part | share of samples | us per message |\n|---|---:|---:|")
         for part in sorted(names, key=lambda p: -share[p]):

@@ -8,6 +8,16 @@ a lone publish goes out at once, and batches grow only while earlier ones are
 on their way; the time limit is a ceiling, never a floor. It groups messages by
 partition, since a write is one script call per partition.
 
+Many callers at once (a crowd of ``publish()`` callers, each awaiting its
+own): a batch that held all of them would leave Redis idle while the callers
+prepare the next one, and the callers idle while Redis stores it. So once the
+publisher has seen at least ``2 * split_at`` messages outstanding (queued or
+being written) in its last round of writes (:attr:`Batcher.concurrency`), a
+batch is also full at half of that, and a batch of at least ``split_at``
+messages goes out while a single write is in flight: two writes of half the
+crowd each, one stored while the other's callers publish again (Kafka's
+several batches in flight per broker).
+
 An entry may stand for a run of messages (``count`` of them, packed one after
 the other): a ``publish_many`` of messages without ordering keys joins the
 batch in as few entries as the batch limits allow (:meth:`Batcher.fitting`),
@@ -34,13 +44,29 @@ run of messages, token)."""
 class Batcher(Generic[T]):
     """Collects messages into one open batch; the caller takes it when it closes."""
 
-    __slots__ = ("_bytes", "_count", "_free_below", "_open", "_opened_at", "_settings")
+    __slots__ = (
+        "_bytes",
+        "_count",
+        "_free_below",
+        "_open",
+        "_opened_at",
+        "_settings",
+        "_split_at",
+        "concurrency",
+    )
 
-    def __init__(self, settings: BatchSettings, *, free_below: int = 1) -> None:
+    def __init__(self, settings: BatchSettings, *, free_below: int = 1, split_at: int = 0) -> None:
         if free_below < 1:
             raise ValueError(f"free_below must be at least 1, got {free_below}")
+        if split_at < 0:
+            raise ValueError(f"split_at must not be negative, got {split_at}")
         self._settings = settings
         self._free_below = free_below
+        self._split_at = split_at
+        self.concurrency = 0
+        """Messages outstanding at the publisher's recent peak (the owner sets
+        it): from ``2 * split_at`` on, a batch is full at half of it. 0 (or a
+        ``split_at`` of 0): batches are never split for a crowd."""
         self._open: Batch[T] = {}
         self._count = 0
         self._bytes = 0
@@ -63,7 +89,8 @@ class Batcher(Generic[T]):
     ) -> bool:
         """Add a message (or a run of ``count`` messages of ``size`` bytes in all,
         packed one after the other: as many as :meth:`fitting` said); return True
-        when the batch is full and must be taken now."""
+        when the batch is full and must be taken now: at the settings' limits,
+        or at half of a crowd (:attr:`concurrency`)."""
         if self._count == 0:
             self._opened_at = now
         messages = self._open.get(partition)
@@ -74,7 +101,13 @@ class Batcher(Generic[T]):
         self._count += count
         self._bytes += size
         settings = self._settings
-        return self._count >= settings.max_messages or self._bytes >= settings.max_bytes
+        if self._count >= settings.max_messages or self._bytes >= settings.max_bytes:
+            return True
+        return self._crowded() and 2 * self._count >= self.concurrency
+
+    def _crowded(self) -> bool:
+        """Whether the publisher's recent peak is a crowd worth two writes."""
+        return bool(self._split_at) and self.concurrency >= 2 * self._split_at
 
     def fitting(self, sizes: Sequence[int], start: int, rest: int) -> int:
         """How many of the messages of ``sizes[start:]`` (``rest`` bytes in all)
@@ -109,12 +142,18 @@ class Batcher(Generic[T]):
     def due(self, writes_in_flight: int) -> float | None:
         """When the open batch is to be taken, given the writes now in flight:
         None when it is empty; the time of its first message (so, already due)
-        while the writer is free (fewer than ``free_below`` writes in flight);
-        else its :meth:`deadline`, until a write comes back and frees the writer.
+        while the writer is free (fewer than ``free_below`` writes in flight),
+        or, in a crowd, while one write more is in flight and the batch holds
+        ``split_at`` messages or more (the other half); else its
+        :meth:`deadline`, until a write comes back and frees the writer.
         """
         if self._count == 0:
             return None
-        if writes_in_flight < self._free_below:
+        if writes_in_flight < self._free_below or (
+            writes_in_flight == self._free_below
+            and self._count >= self._split_at
+            and self._crowded()
+        ):
             return self._opened_at
         return self._opened_at + self._settings.max_latency
 

@@ -105,6 +105,10 @@ FIRST_CHUNK = 128
 WRITER_FREE_BELOW = 1
 """The writer is free, and a batch goes out at once, while fewer writes than
 this are in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
+SPLIT_AT = 8
+"""From twice this many messages outstanding at once (a crowd of callers), a
+batch is full at half of them, and a batch of this many goes out beside one
+write in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
 _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
 
@@ -336,7 +340,9 @@ class TopicPublisher:
         self._topic = topic
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
-        self._batcher: Batcher[_Token] = Batcher(settings, free_below=WRITER_FREE_BELOW)
+        self._batcher: Batcher[_Token] = Batcher(
+            settings, free_below=WRITER_FREE_BELOW, split_at=SPLIT_AT
+        )
         self._max_batch = settings.max_messages
         self._max_batch_bytes = settings.max_bytes
         self._sticky = StickyPartitioner(topic.partitions, start=int(time.time_ns()) >> 10)
@@ -352,6 +358,13 @@ class TopicPublisher:
         server)."""
         self._nodes: set[str | None] = set()
         """The nodes of ``_node_of``."""
+        self._writing = 0
+        """Messages in the writes started and not yet answered."""
+        self._writing_sizes: dict[int, int] = {}
+        """Per write started and not yet answered (by number), its messages."""
+        self._peak = 0
+        """The most messages outstanding (queued or being written) when a write
+        started, since the last answer: the batcher's ``concurrency`` at the next."""
         self._one_server = False
         """The backend said it has one server (``write_groups`` None)."""
         self._open_messages = 0
@@ -742,6 +755,7 @@ class TopicPublisher:
     def _write_done(self, partitions: list[int], number: int, task: asyncio.Task[None]) -> None:
         # A callback, not a ``finally`` in _write: it runs even for a write
         # cancelled before it started, whose partitions would stay linked.
+        self._writing -= self._writing_sizes.pop(number, 0)  # never answered
         settled = self._settled.pop(number, None)
         if settled is not None and not settled.done():
             settled.set_result(None)
@@ -835,11 +849,16 @@ class TopicPublisher:
         """Start the write of ``ready``: started in order, written in order (the
         backend sends each write behind the previous one on its node's
         connection)."""
+        outstanding = self._writing + self._queued_messages
+        if outstanding > self._peak:
+            self._peak = outstanding
         self._queued_messages -= ready.messages
         self._queued_bytes -= ready.size
         links = self._links(ready)
         task = loop.create_task(self._write(ready, links))
         number = next(iter(links.values())).number
+        self._writing += ready.messages
+        self._writing_sizes[number] = ready.messages
         task.add_done_callback(functools.partial(self._write_done, list(links), number))
         self._in_flight[task] = ready.node
         self._busy[ready.node] = self._busy.get(ready.node, 0) + 1
@@ -880,7 +899,10 @@ class TopicPublisher:
         batch = ready.batch
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
         try:
-            results = await self._backend.append(self._topic, payload, links)
+            try:
+                results = await self._backend.append(self._topic, payload, links)
+            finally:
+                self._answered(next(iter(links.values())).number)
         except StreamsubError as exc:  # outcome unknown: every publish of the batch fails
             if isinstance(exc, TopicNotFoundError):
                 self._gone(exc)
@@ -940,6 +962,14 @@ class TopicPublisher:
             # A deleted topic: nothing queued can be stored in it (and, were it
             # made anew, not by this publisher's record of it).
             self._drop_queued(gone)
+
+    def _answered(self, number: int) -> None:
+        """Write ``number`` came back (or failed): the peak of the round of writes
+        it ends tells the batcher how many callers publish at once
+        (``_core/batch.py``), and the next round starts from what is left."""
+        self._writing -= self._writing_sizes.pop(number, 0)
+        self._batcher.concurrency = self._peak
+        self._peak = self._writing + self._queued_messages
 
     def _gone(self, exc: TopicNotFoundError) -> None:
         """The topic was deleted: say so once; later publishes here raise it."""
