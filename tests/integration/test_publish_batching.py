@@ -17,10 +17,11 @@ import streamsub
 from streamsub._backends.base import Link, TopicRecord
 from streamsub._core.codec import encode
 from streamsub._core.partition import partition_for_key
-from streamsub._engine.publisher import TopicPublisher
+from streamsub._engine.publisher import SPLIT_AT, TopicPublisher
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
 from tests._layout import TEST_BACKEND, stream_key
+from tests.conftest import ON_CLUSTER
 from tests._wait import until
 
 
@@ -339,3 +340,96 @@ async def test_while_a_write_is_in_flight_the_batch_goes_at_its_latency_ceiling(
         await publisher.aclose()
     finally:
         await backend.close()
+
+
+class _Recording(TEST_BACKEND):
+    """Records how many messages each write (append) carried, and the most
+    writes at the server at once."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.sizes: list[int] = []
+        self.at_server = 0
+        self.most_at_server = 0
+
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
+        self.at_server += 1
+        self.most_at_server = max(self.most_at_server, self.at_server)
+        try:
+            results = await super().append(topic, batch, links)
+        finally:
+            self.at_server -= 1
+        self.sizes.append(sum(len(r) for r in results.values() if isinstance(r, list)))
+        return results
+
+
+async def _crowd(url: str, workers: int, each: int, keys: int) -> tuple[_Recording, int]:
+    """``workers`` callers of a client, each awaiting ``each`` publishes one after
+    the other (batches whose timer never fires in the test); return the backend
+    and how many were published."""
+    backend = _Recording(url)
+    sequence = itertools.count()
+    settings = streamsub.BatchSettings(max_latency=NEVER)
+    async with streamsub.connect(backend=backend, batch_settings=settings) as client:
+        await client.create_topic("crowd", partitions=4)
+
+        async def worker(w: int) -> None:
+            for _ in range(each):
+                seq = next(sequence)  # numbered as the call is made: the key's order
+                await client.publish("crowd", str(seq).encode(), ordering_key=f"key-{w % keys}")
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(worker(w) for w in range(workers)))
+    return backend, workers * each
+
+
+def _stored_in_order(redis_client: redis.Redis, total: int, keys: int) -> None:
+    stored: dict[str, list[int]] = {}
+    for partition in range(4):
+        for _, fields in redis_client.xrange(stream_key(redis_client, "crowd", partition)):
+            stored.setdefault(fields[b"k"].decode(), []).append(int(fields[b"d"]))
+    assert sorted(seq for seqs in stored.values() for seq in seqs) == list(range(total))
+    assert len(stored) == keys
+    for key, seqs in stored.items():
+        assert seqs == sorted(seqs), f"{key} out of order"
+
+
+async def test_a_crowd_of_callers_is_written_in_two_halves_one_stored_while_the_other_forms(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """200 callers awaiting their publishes (20 ordering keys): after the first
+    round, no write carries much more than half of them (a batch is full at half
+    the crowd), on one server two writes are at the server at once (one stored
+    while the other's callers publish again), every message is stored once, and
+    each key's messages in the order of their calls. Without the split every
+    write carried the whole crowd, one at a time."""
+    redis_client.flushall()
+    workers = 200
+    backend, total = await _crowd(server.url, workers, each=15, keys=20)
+    _stored_in_order(redis_client, total, 20)
+    later = backend.sizes[len(backend.sizes) // 4 :]  # the first writes find the crowd
+    assert max(later) <= workers * 6 // 10, f"writes of {sorted(later)[-5:]} in a crowd of 200"
+    if not ON_CLUSTER:  # on a cluster each master has writes of its own at once anyway
+        assert backend.most_at_server >= 2, "the crowd's writes never overlapped"
+
+
+async def test_callers_fewer_than_twice_split_at_are_not_split(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Fewer than 2 * SPLIT_AT callers at once are no crowd: their messages go out
+    together, one write while the writer is free, as before (writes of about all
+    of them), and in order."""
+    redis_client.flushall()
+    workers = 2 * SPLIT_AT - 2
+    backend, total = await _crowd(server.url, workers, each=40, keys=5)
+    _stored_in_order(redis_client, total, 5)
+    writes = backend.sizes if not ON_CLUSTER else []
+    if writes:  # one server: a write is a batch
+        assert sum(writes) / len(writes) >= workers * 0.75, f"writes of {writes[:20]}"
+        assert backend.most_at_server == 1
+    assert len(backend.sizes) <= total // (2 if ON_CLUSTER else 10) + 2

@@ -167,6 +167,79 @@ def test_free_below_sets_how_many_writes_leave_the_writer_free() -> None:
     assert b.due(writes_in_flight=2) == pytest.approx(3.5)
 
 
+def crowd(concurrency: int, *, split_at: int = 8, max_latency: float = 0.5) -> Batcher[str]:
+    """A batcher that has seen ``concurrency`` messages outstanding at once."""
+    b: Batcher[str] = Batcher(BatchSettings(max_latency=max_latency), split_at=split_at)
+    b.concurrency = concurrency
+    return b
+
+
+def test_in_a_crowd_a_batch_is_full_at_half_of_it() -> None:
+    """500 callers at once: the batch closes at 250 (not at max_messages), so the
+    other 250 form a second write while the first is stored."""
+    b = crowd(500)
+    fulls = [b.add(i % 4, b"m", 1, f"m{i}", now=0.0) for i in range(250)]
+    assert fulls == [False] * 249 + [True]
+
+
+def test_an_odd_crowd_closes_at_its_larger_half() -> None:
+    """33 outstanding: full at 17 (twice 16 would not cover the crowd)."""
+    b = crowd(33)
+    fulls = [b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(17)]
+    assert fulls == [False] * 16 + [True]
+
+
+@pytest.mark.parametrize("concurrency", [0, 1, 10, 15])
+def test_fewer_than_twice_split_at_outstanding_is_no_crowd(concurrency: int) -> None:
+    """Below 2 * split_at outstanding, batches fill to max_messages as before, and
+    one write in flight holds the batch until its latency ceiling."""
+    b = crowd(concurrency)
+    assert not any(b.add(0, b"m", 1, f"m{i}", now=2.0) for i in range(999))
+    assert b.add(0, b"m", 1, "last", now=2.0)  # max_messages (1000)
+    b.take()
+    b.add(0, b"m", 1, "next", now=3.0)
+    for _ in range(20):
+        b.add(0, b"m", 1, "more", now=3.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(3.5)
+
+
+def test_a_split_at_of_zero_never_splits() -> None:
+    b = crowd(10_000, split_at=0)
+    assert not any(b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(999))
+    b.take()
+    for i in range(500):
+        b.add(0, b"m", 1, f"m{i}", now=0.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(0.5)
+
+
+def test_in_a_crowd_split_at_messages_go_beside_one_write_in_flight() -> None:
+    """The other half of a crowd: with one write in flight, a batch of split_at
+    messages is due at once; with fewer messages, or two writes in flight, it
+    waits for a write to come back (or its ceiling)."""
+    b = crowd(100, max_latency=0.25)
+    for i in range(7):
+        b.add(0, b"m", 1, f"m{i}", now=10.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(10.25)
+    b.add(0, b"m", 1, "m7", now=10.1)
+    assert b.due(writes_in_flight=0) == pytest.approx(10.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(10.0)
+    assert b.due(writes_in_flight=2) == pytest.approx(10.25)
+
+
+def test_in_a_crowd_the_settings_limits_still_close_a_batch() -> None:
+    """Half of 10,000 is past max_messages: the batch closes at max_messages."""
+    settings = BatchSettings(max_messages=100, max_bytes=50)
+    b: Batcher[str] = Batcher(settings, split_at=8)
+    b.concurrency = 10_000
+    assert not any(b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(49))
+    assert b.add(0, b"m", 1, "bytes", now=0.0)  # the 50th byte
+
+
+def test_split_at_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="split_at"):
+        Batcher(BatchSettings(), split_at=-1)
+
+
 def test_free_below_must_be_positive() -> None:
     """A batcher whose writer is never free would send only on its timer: refused."""
     with pytest.raises(ValueError, match="free_below"):

@@ -106,11 +106,17 @@ WRITER_FREE_BELOW = 1
 """The writer is free, and a batch goes out at once, while fewer writes than
 this are in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
 SPLIT_AT = 8
-"""From twice this many messages outstanding at once (a crowd of callers), a
-batch is full at half of them, and a batch of this many goes out beside one
-write in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
+"""From twice this many single publishes outstanding at once (a crowd of
+callers), a batch is full at half of them, and a batch of this many goes out
+beside one write in flight (see ``_core/batch.py``): measured in
+benchmarks/README.md."""
 _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
+
+
+def _is_lone(token: _Token) -> bool:
+    """Whether ``token`` is a single publish (``submit_one``: a bare future)."""
+    return type(token.waiter) is not _Waiter
 
 
 class _Entry:
@@ -358,13 +364,15 @@ class TopicPublisher:
         server)."""
         self._nodes: set[str | None] = set()
         """The nodes of ``_node_of``."""
-        self._writing = 0
-        """Messages in the writes started and not yet answered."""
-        self._writing_sizes: dict[int, int] = {}
-        """Per write started and not yet answered (by number), its messages."""
+        # A crowd of callers (_core/batch.py): single publishes (``submit_one``,
+        # each its caller's only message) queued, and in writes not yet answered.
+        self._lone_queued = 0
+        self._lone_writing = 0
+        self._lone_of: dict[int, int] = {}
+        """Per write started and not yet answered (by number), its single publishes."""
         self._peak = 0
-        """The most messages outstanding (queued or being written) when a write
-        started, since the last answer: the batcher's ``concurrency`` at the next."""
+        """The most single publishes outstanding when a write started, since the
+        last answer: the batcher's ``concurrency`` from the next answer on."""
         self._one_server = False
         """The backend said it has one server (``write_groups`` None)."""
         self._open_messages = 0
@@ -476,6 +484,7 @@ class TopicPublisher:
             self._close_batch()
         self._queued_messages += 1
         self._queued_bytes += size
+        self._lone_queued += 1
         self._wake.set()
         return future
 
@@ -718,6 +727,7 @@ class TopicPublisher:
                         count += token.length
                         size += token.size
                         continue
+                    self._lone_queued -= _is_lone(token)
                     dropped += token.length
                     dropped_size += token.size
                 if kept:
@@ -755,7 +765,7 @@ class TopicPublisher:
     def _write_done(self, partitions: list[int], number: int, task: asyncio.Task[None]) -> None:
         # A callback, not a ``finally`` in _write: it runs even for a write
         # cancelled before it started, whose partitions would stay linked.
-        self._writing -= self._writing_sizes.pop(number, 0)  # never answered
+        self._lone_writing -= self._lone_of.pop(number, 0)  # never answered
         settled = self._settled.pop(number, None)
         if settled is not None and not settled.done():
             settled.set_result(None)
@@ -849,16 +859,21 @@ class TopicPublisher:
         """Start the write of ``ready``: started in order, written in order (the
         backend sends each write behind the previous one on its node's
         connection)."""
-        outstanding = self._writing + self._queued_messages
-        if outstanding > self._peak:
-            self._peak = outstanding
+        lone = 0
+        if self._lone_queued:
+            lone = sum([_is_lone(t) for entries in ready.batch.values() for _, t in entries])
+            outstanding = self._lone_queued + self._lone_writing
+            if outstanding > self._peak:
+                self._peak = outstanding
+            self._lone_queued -= lone
+            self._lone_writing += lone
         self._queued_messages -= ready.messages
         self._queued_bytes -= ready.size
         links = self._links(ready)
         task = loop.create_task(self._write(ready, links))
         number = next(iter(links.values())).number
-        self._writing += ready.messages
-        self._writing_sizes[number] = ready.messages
+        if lone:
+            self._lone_of[number] = lone
         task.add_done_callback(functools.partial(self._write_done, list(links), number))
         self._in_flight[task] = ready.node
         self._busy[ready.node] = self._busy.get(ready.node, 0) + 1
@@ -967,9 +982,9 @@ class TopicPublisher:
         """Write ``number`` came back (or failed): the peak of the round of writes
         it ends tells the batcher how many callers publish at once
         (``_core/batch.py``), and the next round starts from what is left."""
-        self._writing -= self._writing_sizes.pop(number, 0)
+        self._lone_writing -= self._lone_of.pop(number, 0)
         self._batcher.concurrency = self._peak
-        self._peak = self._writing + self._queued_messages
+        self._peak = self._lone_queued + self._lone_writing
 
     def _gone(self, exc: TopicNotFoundError) -> None:
         """The topic was deleted: say so once; later publishes here raise it."""
