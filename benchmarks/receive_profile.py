@@ -4,8 +4,10 @@ The e2e scenario of ``run.py`` for ``streamsub`` -- a freshly spawned consumer
 process (one subscriber, ``FlowControl(max_messages=1000)``, an ``async def``
 handler recording each body, as ``impls/streamsub_impl.py``'s) and, once it is
 subscribed, a freshly spawned publisher (``publish_many`` in chunks of 1000,
-four in flight) -- with two measurements of the consumer, from subscribed to
-the last ack seen by the server:
+four in flight) -- with these measurements, the consumer's from subscribed to
+the last ack seen by the server (its wall time, and its event loop's idle
+time, from the first message's publish, as ``run.py``'s e2e throughput; the
+wait for the publisher to start is not the consumer's):
 
 * its CPU time (``time.process_time``, user + system) divided by n: the CPU
   microseconds one message costs;
@@ -13,6 +15,9 @@ the last ack seen by the server:
   profile too, under whatever allocated when a collection began);
 * the time its event loop waited in ``epoll`` with nothing to run (for Redis's
   replies, or for the publisher), per message;
+* the publisher's CPU time and redis-server's (``INFO cpu``: every master's
+  on a cluster) over the round, per message: what the consumer shares the
+  machine's cores with;
 * a CPU-time sampling profile: ``setitimer(ITIMER_PROF)`` raises ``SIGPROF``
   after every ``--interval`` of CPU the process uses, and the handler counts
   the Python stack it interrupted. Time the process spends preempted or

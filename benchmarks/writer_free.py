@@ -1,14 +1,20 @@
-"""When is the publisher's writer "free"? Measures WRITER_FREE_BELOW choices.
+"""When is the publisher's writer "free"? Measures WRITER_FREE_BELOW and SPLIT_AT choices.
 
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/writer_free.py 1 2 4 1
+    .venv/bin/python benchmarks/writer_free.py --split-at 0 8 16 32
 
 For each value given (a batch goes out at once while fewer writes than that are
 in flight; see ``src/streamsub/_core/batch.py``), N concurrent callers each
 awaiting ``publish()`` in a loop (N = 1, 10, 100, 500; median of 3 rounds), in
 this process, against one private redis-server. The value is patched into the
 engine's module before each client is made; nothing else changes.
+
+``--split-at`` measures ``SPLIT_AT`` instead (from twice that many single
+publishes outstanding, a batch is full at half of them: 0 never splits), for
+N = 1, 10, 30, 100, 500 and 1,000, each round running every value in turn
+(rotated), so that the values of one N are measured side by side.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import streamsub  # noqa: E402
 from streamsub._engine import publisher  # noqa: E402
 
 WORKERS = (1, 10, 100, 500)
+SPLIT_WORKERS = (1, 10, 30, 100, 500, 1000)
 BODY = b"x" * 100
 
 
@@ -72,5 +79,31 @@ async def main(values: list[int]) -> None:
             await admin.aclose()
 
 
+async def split_at(values: list[int]) -> None:
+    path = servers.find_binary("redis-server")
+    if path is None:
+        raise SystemExit("redis-server not found")
+    with servers.redis_server(path) as url:
+        admin = aioredis.Redis.from_url(url)
+        try:
+            print("| N callers | " + " | ".join(f"SPLIT_AT={v}" for v in values) + " |")
+            print("|---:|" + "---:|" * len(values))
+            for count in SPLIT_WORKERS:
+                rounds: dict[int, list[float]] = {value: [] for value in values}
+                for r in range(3):
+                    for value in values[r % len(values) :] + values[: r % len(values)]:
+                        publisher.SPLIT_AT = value
+                        await admin.flushall()
+                        n = 3000 if count == 1 else 20_000
+                        rounds[value].append(await workers(url, count, n))
+                cells = [f"{statistics.median(rounds[value]):,.0f}" for value in values]
+                print(f"| {count} | " + " | ".join(cells) + " |", flush=True)
+        finally:
+            await admin.aclose()
+
+
 if __name__ == "__main__":
-    asyncio.run(main([int(arg) for arg in sys.argv[1:]] or [1, 2, 4]))
+    if sys.argv[1:2] == ["--split-at"]:
+        asyncio.run(split_at([int(arg) for arg in sys.argv[2:]] or [0, 8, 16, 32]))
+    else:
+        asyncio.run(main([int(arg) for arg in sys.argv[1:]] or [1, 2, 4]))
