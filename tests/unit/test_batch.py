@@ -168,25 +168,41 @@ def test_free_below_sets_how_many_writes_leave_the_writer_free() -> None:
 
 
 def crowd(concurrency: int, *, split_at: int = 8, max_latency: float = 0.5) -> Batcher[str]:
-    """A batcher that has seen ``concurrency`` messages outstanding at once."""
+    """A batcher whose publisher has seen ``concurrency`` single publishes outstanding."""
     b: Batcher[str] = Batcher(BatchSettings(max_latency=max_latency), split_at=split_at)
     b.concurrency = concurrency
     return b
+
+
+def lone(b: Batcher[str], name: str, now: float = 0.0) -> bool:
+    """Add a single publish (its caller's only message)."""
+    return b.add(0, b"m", 1, name, now, lone=True)
 
 
 def test_in_a_crowd_a_batch_is_full_at_half_of_it() -> None:
     """500 callers at once: the batch closes at 250 (not at max_messages), so the
     other 250 form a second write while the first is stored."""
     b = crowd(500)
-    fulls = [b.add(i % 4, b"m", 1, f"m{i}", now=0.0) for i in range(250)]
-    assert fulls == [False] * 249 + [True]
+    assert [lone(b, f"m{i}") for i in range(250)] == [False] * 249 + [True]
+    assert b.lone == 250
+    b.take()
+    assert b.lone == 0
 
 
 def test_an_odd_crowd_closes_at_its_larger_half() -> None:
     """33 outstanding: full at 17 (twice 16 would not cover the crowd)."""
     b = crowd(33)
-    fulls = [b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(17)]
-    assert fulls == [False] * 16 + [True]
+    assert [lone(b, f"m{i}") for i in range(17)] == [False] * 16 + [True]
+
+
+def test_twice_split_at_is_a_crowd() -> None:
+    """16 outstanding with split_at 8: full at 8, and 8 go beside one write."""
+    b = crowd(16)
+    assert [lone(b, f"m{i}") for i in range(8)] == [False] * 7 + [True]
+    b.take()
+    for i in range(8):
+        lone(b, f"n{i}", now=4.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("concurrency", [0, 1, 10, 15])
@@ -194,45 +210,61 @@ def test_fewer_than_twice_split_at_outstanding_is_no_crowd(concurrency: int) -> 
     """Below 2 * split_at outstanding, batches fill to max_messages as before, and
     one write in flight holds the batch until its latency ceiling."""
     b = crowd(concurrency)
-    assert not any(b.add(0, b"m", 1, f"m{i}", now=2.0) for i in range(999))
-    assert b.add(0, b"m", 1, "last", now=2.0)  # max_messages (1000)
+    assert not any(lone(b, f"m{i}", now=2.0) for i in range(999))
+    assert lone(b, "last", now=2.0)  # max_messages (1000)
     b.take()
-    b.add(0, b"m", 1, "next", now=3.0)
-    for _ in range(20):
-        b.add(0, b"m", 1, "more", now=3.0)
+    for i in range(20):
+        lone(b, f"n{i}", now=3.0)
     assert b.due(writes_in_flight=1) == pytest.approx(3.5)
+
+
+def test_messages_of_a_publish_many_are_one_caller_not_a_crowd() -> None:
+    """A keyed publish_many adds its messages one by one, not as single
+    publishes: beside a crowd of 500 they neither close the batch at 250 nor
+    make it due beside a write in flight."""
+    b = crowd(500)
+    assert not any(b.add(i % 4, b"m", 1, f"m{i}", now=1.0) for i in range(999))
+    assert b.lone == 0
+    assert b.due(writes_in_flight=1) == pytest.approx(1.5)
+    assert b.add(0, b"m", 1, "last", now=1.0)  # max_messages
 
 
 def test_a_split_at_of_zero_never_splits() -> None:
     b = crowd(10_000, split_at=0)
-    assert not any(b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(999))
+    assert not any(lone(b, f"m{i}") for i in range(999))
     b.take()
     for i in range(500):
-        b.add(0, b"m", 1, f"m{i}", now=0.0)
+        lone(b, f"m{i}")
     assert b.due(writes_in_flight=1) == pytest.approx(0.5)
 
 
 def test_in_a_crowd_split_at_messages_go_beside_one_write_in_flight() -> None:
     """The other half of a crowd: with one write in flight, a batch of split_at
-    messages is due at once; with fewer messages, or two writes in flight, it
+    single publishes is due at once; with fewer, or two writes in flight, it
     waits for a write to come back (or its ceiling)."""
     b = crowd(100, max_latency=0.25)
     for i in range(7):
-        b.add(0, b"m", 1, f"m{i}", now=10.0)
+        lone(b, f"m{i}", now=10.0)
+    b.add(0, b"m", 1, "of a publish_many", now=10.0)  # 8 messages, 7 single publishes
     assert b.due(writes_in_flight=1) == pytest.approx(10.25)
-    b.add(0, b"m", 1, "m7", now=10.1)
+    lone(b, "m7", now=10.1)
     assert b.due(writes_in_flight=0) == pytest.approx(10.0)
     assert b.due(writes_in_flight=1) == pytest.approx(10.0)
     assert b.due(writes_in_flight=2) == pytest.approx(10.25)
 
 
-def test_in_a_crowd_the_settings_limits_still_close_a_batch() -> None:
-    """Half of 10,000 is past max_messages: the batch closes at max_messages."""
-    settings = BatchSettings(max_messages=100, max_bytes=50)
+@pytest.mark.parametrize(
+    ("settings", "closing"),
+    [(BatchSettings(max_messages=100), 100), (BatchSettings(max_bytes=50), 50)],
+)
+def test_in_a_crowd_the_settings_limits_still_close_a_batch(
+    settings: BatchSettings, closing: int
+) -> None:
+    """Half of 10,000 is past max_messages (and max_bytes): the batch closes at the
+    settings' limit."""
     b: Batcher[str] = Batcher(settings, split_at=8)
     b.concurrency = 10_000
-    assert not any(b.add(0, b"m", 1, f"m{i}", now=0.0) for i in range(49))
-    assert b.add(0, b"m", 1, "bytes", now=0.0)  # the 50th byte
+    assert [lone(b, f"m{i}") for i in range(closing)] == [False] * (closing - 1) + [True]
 
 
 def test_split_at_must_not_be_negative() -> None:

@@ -9,14 +9,16 @@ on their way; the time limit is a ceiling, never a floor. It groups messages by
 partition, since a write is one script call per partition.
 
 Many callers at once (a crowd of ``publish()`` callers, each awaiting its
-own): a batch that held all of them would leave Redis idle while the callers
-prepare the next one, and the callers idle while Redis stores it. So once the
-publisher has seen at least ``2 * split_at`` messages outstanding (queued or
-being written) in its last round of writes (:attr:`Batcher.concurrency`), a
-batch is also full at half of that, and a batch of at least ``split_at``
-messages goes out while a single write is in flight: two writes of half the
-crowd each, one stored while the other's callers publish again (Kafka's
-several batches in flight per broker).
+single message): a batch that held all of them would leave Redis idle while
+the callers prepare the next one, and the callers idle while Redis stores it.
+So once the publisher has seen at least ``2 * split_at`` single publishes
+outstanding (queued or being written) in its last round of writes
+(:attr:`Batcher.concurrency`), a batch is also full when its single publishes
+(``add(..., lone=True)``) reach half of that, and a batch holding at least
+``split_at`` of them goes out while one write is in flight: the crowd is
+written in halves, Redis storing one while the callers of the other publish
+again (Kafka's several batches in flight per broker). A ``publish_many`` is
+one caller however many messages it has: its messages count toward neither.
 
 An entry may stand for a run of messages (``count`` of them, packed one after
 the other): a ``publish_many`` of messages without ordering keys joins the
@@ -48,6 +50,7 @@ class Batcher(Generic[T]):
         "_bytes",
         "_count",
         "_free_below",
+        "_lone",
         "_open",
         "_opened_at",
         "_settings",
@@ -64,11 +67,13 @@ class Batcher(Generic[T]):
         self._free_below = free_below
         self._split_at = split_at
         self.concurrency = 0
-        """Messages outstanding at the publisher's recent peak (the owner sets
-        it): from ``2 * split_at`` on, a batch is full at half of it. 0 (or a
-        ``split_at`` of 0): batches are never split for a crowd."""
+        """Single publishes outstanding at the publisher's recent peak (the owner
+        sets it): from ``2 * split_at`` on, a batch is full when its single
+        publishes reach half of it. 0 (or a ``split_at`` of 0): batches are
+        never split for a crowd."""
         self._open: Batch[T] = {}
         self._count = 0
+        self._lone = 0
         self._bytes = 0
         self._opened_at = 0.0
 
@@ -84,13 +89,27 @@ class Batcher(Generic[T]):
         """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""
         return self._count > 0 and self._bytes + size > self._settings.max_bytes
 
+    @property
+    def lone(self) -> int:
+        """The single publishes in the open batch."""
+        return self._lone
+
     def add(
-        self, partition: int, packed: bytes, size: int, token: T, now: float, count: int = 1
+        self,
+        partition: int,
+        packed: bytes,
+        size: int,
+        token: T,
+        now: float,
+        count: int = 1,
+        *,
+        lone: bool = False,
     ) -> bool:
         """Add a message (or a run of ``count`` messages of ``size`` bytes in all,
-        packed one after the other: as many as :meth:`fitting` said); return True
-        when the batch is full and must be taken now: at the settings' limits,
-        or at half of a crowd (:attr:`concurrency`)."""
+        packed one after the other: as many as :meth:`fitting` said; ``lone``: a
+        single publish, its caller's only message); return True when the batch
+        is full and must be taken now: at the settings' limits, or when its
+        single publishes reach half of a crowd (:attr:`concurrency`)."""
         if self._count == 0:
             self._opened_at = now
         messages = self._open.get(partition)
@@ -100,10 +119,11 @@ class Batcher(Generic[T]):
             messages.append((packed, token))
         self._count += count
         self._bytes += size
+        self._lone += lone
         settings = self._settings
         if self._count >= settings.max_messages or self._bytes >= settings.max_bytes:
             return True
-        return self._crowded() and 2 * self._count >= self.concurrency
+        return lone and self._crowded() and 2 * self._lone >= self.concurrency
 
     def _crowded(self) -> bool:
         """Whether the publisher's recent peak is a crowd worth two writes."""
@@ -112,7 +132,8 @@ class Batcher(Generic[T]):
     def fitting(self, sizes: Sequence[int], start: int, rest: int) -> int:
         """How many of the messages of ``sizes[start:]`` (``rest`` bytes in all)
         join the open batch as one run, by the rules that :meth:`would_overflow`
-        and :meth:`add` apply one message at a time: up to the message limit,
+        and :meth:`add` apply one message at a time (a run is no single publish:
+        the crowd rule does not apply): up to the message limit,
         and up to the one that makes the bytes reach ``max_bytes`` or the one
         before that which would go past it. 0 when the first would overflow a
         non-empty batch (take it first); at least 1 for an empty batch."""
@@ -144,14 +165,14 @@ class Batcher(Generic[T]):
         None when it is empty; the time of its first message (so, already due)
         while the writer is free (fewer than ``free_below`` writes in flight),
         or, in a crowd, while one write more is in flight and the batch holds
-        ``split_at`` messages or more (the other half); else its
+        ``split_at`` single publishes or more (the other half); else its
         :meth:`deadline`, until a write comes back and frees the writer.
         """
         if self._count == 0:
             return None
         if writes_in_flight < self._free_below or (
             writes_in_flight == self._free_below
-            and self._count >= self._split_at
+            and self._lone >= self._split_at
             and self._crowded()
         ):
             return self._opened_at
@@ -162,5 +183,6 @@ class Batcher(Generic[T]):
         batch = self._open
         self._open = {}
         self._count = 0
+        self._lone = 0
         self._bytes = 0
         return batch

@@ -9,6 +9,10 @@ is full, a write comes back, or its oldest message has waited
 under load batches grow by themselves and round trips stay few. Up to four
 writes are in flight, sent one behind the other on one connection, which
 Redis runs in order: messages of one ordering key stay in publish order.
+A crowd of callers each awaiting a single publish is written in halves
+(``SPLIT_AT``): the publisher counts the single publishes outstanding, and
+once they reach twice ``SPLIT_AT`` a batch is full at half of them, so Redis
+stores one half while the callers of the other publish again.
 
 On Redis Cluster a batch goes as one write per master (``write_groups``), and
 each master has its own four writes in flight, as Kafka's producer sends one
@@ -322,6 +326,8 @@ class _Ready(NamedTuple):
     messages: int
     size: int
     node: str | None = None
+    lone: int = 0
+    """Of ``messages``, the single publishes (``submit_one``)."""
 
 
 class TopicPublisher:
@@ -371,8 +377,9 @@ class TopicPublisher:
         self._lone_of: dict[int, int] = {}
         """Per write started and not yet answered (by number), its single publishes."""
         self._peak = 0
-        """The most single publishes outstanding when a write started, since the
-        last answer: the batcher's ``concurrency`` from the next answer on."""
+        """The most single publishes outstanding when a write started since the
+        last answer (which sets the batcher's ``concurrency`` to it, and starts
+        it anew from what is outstanding then)."""
         self._one_server = False
         """The backend said it has one server (``write_groups`` None)."""
         self._open_messages = 0
@@ -480,7 +487,7 @@ class TopicPublisher:
         else:
             partition = self._partition(message)
         token = _Token(future, 0, key, size)
-        if batcher.add(partition, message.packed, size, token, self._clock()):
+        if batcher.add(partition, message.packed, size, token, self._clock(), lone=True):
             self._close_batch()
         self._queued_messages += 1
         self._queued_bytes += size
@@ -670,7 +677,8 @@ class TopicPublisher:
             start, rest = end, rest - run_size
 
     def _close_batch(self) -> None:
-        ready = _Ready(self._batcher.take(), self._open_messages, self._open_bytes)
+        lone = self._batcher.lone
+        ready = _Ready(self._batcher.take(), self._open_messages, self._open_bytes, lone=lone)
         for part in self._per_node(ready):
             self._ready.add(part.node, part.batch, part)
         self._open_messages = self._open_bytes = 0
@@ -710,7 +718,7 @@ class TopicPublisher:
         def keep(ready: _Ready) -> tuple[str | None, Iterable[int], _Ready] | None:
             nonlocal dropped, dropped_size
             batch: Batch[_Token] = {}
-            count = size = 0
+            count = size = lone = 0
             for partition, messages in ready.batch.items():
                 kept = []
                 for entry in messages:
@@ -726,6 +734,7 @@ class TopicPublisher:
                         kept.append(entry)
                         count += token.length
                         size += token.size
+                        lone += _is_lone(token)
                         continue
                     self._lone_queued -= _is_lone(token)
                     dropped += token.length
@@ -734,7 +743,7 @@ class TopicPublisher:
                     batch[partition] = kept
             if not batch:
                 return None
-            return ready.node, batch, _Ready(batch, count, size, ready.node)
+            return ready.node, batch, _Ready(batch, count, size, ready.node, lone)
 
         self._ready.rebuild(keep)
         self._pause(failed_keys)
@@ -859,21 +868,20 @@ class TopicPublisher:
         """Start the write of ``ready``: started in order, written in order (the
         backend sends each write behind the previous one on its node's
         connection)."""
-        lone = 0
+        lone = ready.lone
         if self._lone_queued:
-            lone = sum([_is_lone(t) for entries in ready.batch.values() for _, t in entries])
             outstanding = self._lone_queued + self._lone_writing
             if outstanding > self._peak:
                 self._peak = outstanding
-            self._lone_queued -= lone
-            self._lone_writing += lone
         self._queued_messages -= ready.messages
         self._queued_bytes -= ready.size
         links = self._links(ready)
-        task = loop.create_task(self._write(ready, links))
         number = next(iter(links.values())).number
-        if lone:
+        if lone:  # before the write can be answered (an eager task factory)
+            self._lone_queued -= lone
+            self._lone_writing += lone
             self._lone_of[number] = lone
+        task = loop.create_task(self._write(ready, links))
         task.add_done_callback(functools.partial(self._write_done, list(links), number))
         self._in_flight[task] = ready.node
         self._busy[ready.node] = self._busy.get(ready.node, 0) + 1
@@ -898,16 +906,18 @@ class TopicPublisher:
         if len(groups) == 1:
             return [ready._replace(node=next(iter(groups)))]
         parts = []
-        messages, size = ready.messages, ready.size
+        messages, size, lone = ready.messages, ready.size, ready.lone
         *firsts, (last_node, last) = groups.items()
         for node, group in firsts:
             part = {p: batch[p] for p in group}
             tokens = [token for entries in part.values() for _, token in entries]
             count, part_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
-            parts.append(_Ready(part, count, part_size, node))
+            part_lone = sum([_is_lone(t) for t in tokens]) if lone else 0
+            parts.append(_Ready(part, count, part_size, node, part_lone))
             messages -= count
             size -= part_size
-        parts.append(_Ready({p: batch[p] for p in last}, messages, size, last_node))
+            lone -= part_lone
+        parts.append(_Ready({p: batch[p] for p in last}, messages, size, last_node, lone))
         return parts
 
     async def _write(self, ready: _Ready, links: dict[int, Link]) -> None:
