@@ -177,3 +177,14 @@ class StreamsubTaskPerHandler(StreamsubPrevious):
     name = "streamsub-tasks"
     commit: ClassVar[str] = "41be509"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubBeforeSplit(StreamsubPrevious):
+    """streamsub at ``adbfcdd``, the last commit that wrote a crowd of callers
+    each awaiting ``publish()`` as one batch of all of them (before
+    ``SPLIT_AT``): the "before" of "A crowd of callers, written in halves", in
+    the same run."""
+
+    name = "streamsub-pre-split"
+    commit: ClassVar[str] = "adbfcdd"
+    _extracted: ClassVar[Path | None] = None
