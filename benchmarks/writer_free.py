@@ -20,9 +20,11 @@ N = 1, 10, 30, 100, 500 and 1,000, each round running every value in turn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -56,50 +58,53 @@ async def workers(url: str, count: int, n: int) -> float:
         return n / (time.perf_counter() - start)
 
 
-async def main(values: list[int]) -> None:
+@contextlib.asynccontextmanager
+async def _server() -> AsyncIterator[tuple[str, aioredis.Redis]]:
+    """A private redis-server: its URL and a client to empty it between rounds."""
     path = servers.find_binary("redis-server")
     if path is None:
         raise SystemExit("redis-server not found")
     with servers.redis_server(path) as url:
         admin = aioredis.Redis.from_url(url)
         try:
-            print("| free below | " + " | ".join(f"N={n}" for n in WORKERS) + " |")
-            print("|---:|" + "---:|" * len(WORKERS))
-            for value in values:
-                publisher.WRITER_FREE_BELOW = value
-                cells = []
-                for count in WORKERS:
-                    rounds = []
-                    for _ in range(3):
-                        await admin.flushall()
-                        rounds.append(await workers(url, count, 3000 if count == 1 else 20_000))
-                    cells.append(f"{statistics.median(rounds):,.0f}")
-                print(f"| {value} | " + " | ".join(cells) + " |", flush=True)
+            yield url, admin
         finally:
             await admin.aclose()
+
+
+def _messages(count: int) -> int:
+    return 3000 if count == 1 else 20_000
+
+
+async def main(values: list[int]) -> None:
+    async with _server() as (url, admin):
+        print("| free below | " + " | ".join(f"N={n}" for n in WORKERS) + " |")
+        print("|---:|" + "---:|" * len(WORKERS))
+        for value in values:
+            publisher.WRITER_FREE_BELOW = value
+            cells = []
+            for count in WORKERS:
+                rounds = []
+                for _ in range(3):
+                    await admin.flushall()
+                    rounds.append(await workers(url, count, _messages(count)))
+                cells.append(f"{statistics.median(rounds):,.0f}")
+            print(f"| {value} | " + " | ".join(cells) + " |", flush=True)
 
 
 async def split_at(values: list[int]) -> None:
-    path = servers.find_binary("redis-server")
-    if path is None:
-        raise SystemExit("redis-server not found")
-    with servers.redis_server(path) as url:
-        admin = aioredis.Redis.from_url(url)
-        try:
-            print("| N callers | " + " | ".join(f"SPLIT_AT={v}" for v in values) + " |")
-            print("|---:|" + "---:|" * len(values))
-            for count in SPLIT_WORKERS:
-                rounds: dict[int, list[float]] = {value: [] for value in values}
-                for r in range(3):
-                    for value in values[r % len(values) :] + values[: r % len(values)]:
-                        publisher.SPLIT_AT = value
-                        await admin.flushall()
-                        n = 3000 if count == 1 else 20_000
-                        rounds[value].append(await workers(url, count, n))
-                cells = [f"{statistics.median(rounds[value]):,.0f}" for value in values]
-                print(f"| {count} | " + " | ".join(cells) + " |", flush=True)
-        finally:
-            await admin.aclose()
+    async with _server() as (url, admin):
+        print("| N callers | " + " | ".join(f"SPLIT_AT={v}" for v in values) + " |")
+        print("|---:|" + "---:|" * len(values))
+        for count in SPLIT_WORKERS:
+            by_value: dict[int, list[float]] = {value: [] for value in values}
+            for r in range(3):
+                for value in values[r % len(values) :] + values[: r % len(values)]:
+                    publisher.SPLIT_AT = value
+                    await admin.flushall()
+                    by_value[value].append(await workers(url, count, _messages(count)))
+            cells = [f"{statistics.median(by_value[value]):,.0f}" for value in values]
+            print(f"| {count} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

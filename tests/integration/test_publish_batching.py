@@ -27,12 +27,16 @@ from tests.conftest import ON_CLUSTER
 
 class _Counting(TEST_BACKEND):
     """Counts its appends (writes) and the batches they came in (on a cluster a
-    batch is one write per master); with ``hold_first``, the first write waits
-    until ``release`` is set (later ones run at once)."""
+    batch is one write per master), records how many messages each write
+    stored and the most writes at the server at once; with ``hold_first``, the
+    first write waits until ``release`` is set (later ones run at once)."""
 
     def __init__(self, url: str, *, hold_first: bool = False) -> None:
         super().__init__(url)
         self.writes = 0
+        self.sizes: list[int] = []
+        self.at_server = 0
+        self.most_at_server = 0
         self.split = 0
         """Batches split per master (on a cluster: every batch)."""
         self.release = asyncio.Event()
@@ -48,7 +52,14 @@ class _Counting(TEST_BACKEND):
         self.writes += 1
         if self.writes == 1:
             await self.release.wait()
-        return await super().append(topic, batch, links)
+        self.at_server += 1
+        self.most_at_server = max(self.most_at_server, self.at_server)
+        try:
+            results = await super().append(topic, batch, links)
+        finally:
+            self.at_server -= 1
+        self.sizes.append(sum(len(r) for r in results.values() if isinstance(r, list)))
+        return results
 
     def write_groups(
         self, topic: TopicRecord, partitions: Iterable[int]
@@ -342,37 +353,11 @@ async def test_while_a_write_is_in_flight_the_batch_goes_at_its_latency_ceiling(
         await backend.close()
 
 
-class _Recording(TEST_BACKEND):
-    """Records how many messages each write (append) carried, and the most
-    writes at the server at once."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.sizes: list[int] = []
-        self.at_server = 0
-        self.most_at_server = 0
-
-    async def append(
-        self,
-        topic: TopicRecord,
-        batch: Mapping[int, bytes],
-        links: Mapping[int, Link] | None = None,
-    ) -> dict[int, list[str] | StreamsubError]:
-        self.at_server += 1
-        self.most_at_server = max(self.most_at_server, self.at_server)
-        try:
-            results = await super().append(topic, batch, links)
-        finally:
-            self.at_server -= 1
-        self.sizes.append(sum(len(r) for r in results.values() if isinstance(r, list)))
-        return results
-
-
-async def _crowd(url: str, workers: int, each: int, keys: int) -> tuple[_Recording, int]:
+async def _crowd(url: str, workers: int, each: int, keys: int) -> tuple[_Counting, int]:
     """``workers`` callers of a client, each awaiting ``each`` publishes one after
     the other (batches whose timer never fires in the test); return the backend
     and how many were published."""
-    backend = _Recording(url)
+    backend = _Counting(url)
     sequence = itertools.count()
     settings = streamsub.BatchSettings(max_latency=NEVER)
     async with streamsub.connect(backend=backend, batch_settings=settings) as client:
@@ -429,7 +414,7 @@ async def test_a_keyed_publish_many_beside_a_crowd_is_not_cut_up(
     messages go out in at most a few writes of hundreds (not dozens of writes
     of 50); on either, all are stored once and in key order."""
     redis_client.flushall()
-    backend = _Recording(server.url)
+    backend = _Counting(server.url)
     settings = streamsub.BatchSettings(max_latency=NEVER)
     stop = asyncio.Event()
     async with streamsub.connect(backend=backend, batch_settings=settings) as client:
