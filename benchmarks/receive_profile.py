@@ -5,9 +5,10 @@ process (one subscriber, ``FlowControl(max_messages=1000)``, an ``async def``
 handler recording each body, as ``impls/streamsub_impl.py``'s) and, once it is
 subscribed, a freshly spawned publisher (``publish_many`` in chunks of 1000,
 four in flight) -- with these measurements, the consumer's from subscribed to
-the last ack seen by the server (its wall time, and its event loop's idle
-time, from the first message's publish, as ``run.py``'s e2e throughput; the
-wait for the publisher to start is not the consumer's):
+the last ack seen by the server (its wall time from the first message's
+publish, as ``run.py``'s e2e throughput, and its event loop's idle time from
+the first message's delivery: the wait for the publisher to start is not the
+consumer's):
 
 * its CPU time (``time.process_time``, user + system) divided by n: the CPU
   microseconds one message costs;
@@ -419,11 +420,13 @@ def one_round(url: str, n: int, size: int, interval: float, src: str) -> Round:
     publisher.start()
     status, value = results.get(timeout=600)
     servers_cpu = asyncio.run(_servers_cpu(url)) - servers_before
+    if status != "ok":
+        publisher.kill()
+        consumer.join(30)
+        raise RuntimeError(f"consumer failed: {value}")
     publisher_cpu = published.get(timeout=60)
     publisher.join(30)
     consumer.join(30)
-    if status != "ok":
-        raise RuntimeError(f"consumer failed: {value}")
     cpu, wall, idle, collecting, stacks = value
     return Round(cpu, wall, idle, collecting, stacks, publisher_cpu, servers_cpu)
 
@@ -467,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     if redis_path is None:
         print("redis-server not found", file=sys.stderr)
         return 2
-    n = args.messages
+    n: int = args.messages
     codes = {"this tree": str(HERE.parent / "src")}
     if args.compare:
         from impls.streamsub_prev import REPO_ROOT, extract

@@ -83,6 +83,7 @@ from .. import metrics
 from .._backends.base import Backend, BrokenLinkError, Link, TopicRecord
 from .._core.batch import Batch, Batcher
 from .._core.codec import Encoded, pack_data
+from .._core.crowd import CrowdMeter
 from .._core.partition import StickyPartitioner, partition_for_key
 from .._core.publish_flow import PausedKeys, PublishBudget
 from .._core.write_queue import WriteQueue
@@ -370,16 +371,9 @@ class TopicPublisher:
         server)."""
         self._nodes: set[str | None] = set()
         """The nodes of ``_node_of``."""
-        # A crowd of callers (_core/batch.py): single publishes (``submit_one``,
-        # each its caller's only message) queued, and in writes not yet answered.
-        self._lone_queued = 0
-        self._lone_writing = 0
-        self._lone_of: dict[int, int] = {}
-        """Per write started and not yet answered (by number), its single publishes."""
-        self._peak = 0
-        """The most single publishes outstanding when a write started since the
-        last answer (which sets the batcher's ``concurrency`` to it, and starts
-        it anew from what is outstanding then)."""
+        self._crowd = CrowdMeter(rounds=MAX_IN_FLIGHT)
+        """Single publishes (``submit_one``) outstanding: the crowd the batcher
+        splits (``_core/crowd.py``, ``_core/batch.py``)."""
         self._one_server = False
         """The backend said it has one server (``write_groups`` None)."""
         self._open_messages = 0
@@ -487,11 +481,13 @@ class TopicPublisher:
         else:
             partition = self._partition(message)
         token = _Token(future, 0, key, size)
+        crowd = self._crowd
+        crowd.published()
+        batcher.concurrency = crowd.concurrency
         if batcher.add(partition, message.packed, size, token, self._clock(), lone=True):
             self._close_batch()
         self._queued_messages += 1
         self._queued_bytes += size
-        self._lone_queued += 1
         self._wake.set()
         return future
 
@@ -712,11 +708,11 @@ class TopicPublisher:
         given ``exc``, every other queued message with it (pausing their keys)."""
         if len(self._batcher):
             self._close_batch()
-        dropped = dropped_size = 0
+        dropped = dropped_size = dropped_lone = 0
         failed_keys: list[str | None] = []
 
         def keep(ready: _Ready) -> tuple[str | None, Iterable[int], _Ready] | None:
-            nonlocal dropped, dropped_size
+            nonlocal dropped, dropped_size, dropped_lone
             batch: Batch[_Token] = {}
             count = size = lone = 0
             for partition, messages in ready.batch.items():
@@ -736,7 +732,7 @@ class TopicPublisher:
                         size += token.size
                         lone += _is_lone(token)
                         continue
-                    self._lone_queued -= _is_lone(token)
+                    dropped_lone += _is_lone(token)
                     dropped += token.length
                     dropped_size += token.size
                 if kept:
@@ -749,6 +745,7 @@ class TopicPublisher:
         self._pause(failed_keys)
         self._queued_messages -= dropped
         self._queued_bytes -= dropped_size
+        self._crowd.dropped(dropped_lone)
         self._gate.release(dropped, dropped_size)
 
     def _unexpected(self, exc: BaseException) -> BackendError:
@@ -774,7 +771,7 @@ class TopicPublisher:
     def _write_done(self, partitions: list[int], number: int, task: asyncio.Task[None]) -> None:
         # A callback, not a ``finally`` in _write: it runs even for a write
         # cancelled before it started, whose partitions would stay linked.
-        self._lone_writing -= self._lone_of.pop(number, 0)  # never answered
+        self._crowd.ended(number)
         settled = self._settled.pop(number, None)
         if settled is not None and not settled.done():
             settled.set_result(None)
@@ -868,20 +865,12 @@ class TopicPublisher:
         """Start the write of ``ready``: started in order, written in order (the
         backend sends each write behind the previous one on its node's
         connection)."""
-        lone = ready.lone
-        if self._lone_queued:
-            outstanding = self._lone_queued + self._lone_writing
-            if outstanding > self._peak:
-                self._peak = outstanding
         self._queued_messages -= ready.messages
         self._queued_bytes -= ready.size
         links = self._links(ready)
         number = next(iter(links.values())).number
-        if lone:  # before the write can be answered (an eager task factory)
-            self._lone_queued -= lone
-            self._lone_writing += lone
-            self._lone_of[number] = lone
-        task = loop.create_task(self._write(ready, links))
+        self._crowd.started(number, ready.lone)  # before an eager task can answer it
+        task = loop.create_task(self._write(ready, links, number))
         task.add_done_callback(functools.partial(self._write_done, list(links), number))
         self._in_flight[task] = ready.node
         self._busy[ready.node] = self._busy.get(ready.node, 0) + 1
@@ -920,14 +909,16 @@ class TopicPublisher:
         parts.append(_Ready({p: batch[p] for p in last}, messages, size, last_node, lone))
         return parts
 
-    async def _write(self, ready: _Ready, links: dict[int, Link]) -> None:
+    async def _write(self, ready: _Ready, links: dict[int, Link], number: int) -> None:
         batch = ready.batch
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
         try:
             try:
                 results = await self._backend.append(self._topic, payload, links)
             finally:
-                self._answered(next(iter(links.values())).number)
+                # A round of writes ends: how many callers publish at once now.
+                self._crowd.answered(number)
+                self._batcher.concurrency = self._crowd.concurrency
         except StreamsubError as exc:  # outcome unknown: every publish of the batch fails
             if isinstance(exc, TopicNotFoundError):
                 self._gone(exc)
@@ -987,14 +978,6 @@ class TopicPublisher:
             # A deleted topic: nothing queued can be stored in it (and, were it
             # made anew, not by this publisher's record of it).
             self._drop_queued(gone)
-
-    def _answered(self, number: int) -> None:
-        """Write ``number`` came back (or failed): the peak of the round of writes
-        it ends tells the batcher how many callers publish at once
-        (``_core/batch.py``), and the next round starts from what is left."""
-        self._lone_writing -= self._lone_of.pop(number, 0)
-        self._batcher.concurrency = self._peak
-        self._peak = self._lone_queued + self._lone_writing
 
     def _gone(self, exc: TopicNotFoundError) -> None:
         """The topic was deleted: say so once; later publishes here raise it."""
