@@ -238,19 +238,31 @@ def test_a_split_at_of_zero_never_splits() -> None:
     assert b.due(writes_in_flight=1) == pytest.approx(0.5)
 
 
-def test_in_a_crowd_split_at_messages_go_beside_one_write_in_flight() -> None:
-    """The other half of a crowd: with one write in flight, a batch of split_at
-    single publishes is due at once; with fewer, or two writes in flight, it
-    waits for a write to come back (or its ceiling)."""
+def test_in_a_crowd_the_other_half_goes_beside_one_write_in_flight() -> None:
+    """The other half of a crowd of 100: with one write in flight, a batch of 50
+    single publishes is due at once; with fewer (a few callers woken early must
+    not go out as a fragment), or with two writes in flight, it waits for a
+    write to come back (or its ceiling)."""
     b = crowd(100, max_latency=0.25)
-    for i in range(7):
+    for i in range(49):
         lone(b, f"m{i}", now=10.0)
-    b.add(0, b"m", 1, "of a publish_many", now=10.0)  # 8 messages, 7 single publishes
+    b.add(0, b"m", 1, "of a publish_many", now=10.0)  # 50 messages, 49 single publishes
     assert b.due(writes_in_flight=1) == pytest.approx(10.25)
-    lone(b, "m7", now=10.1)
+    lone(b, "m49", now=10.1)
     assert b.due(writes_in_flight=0) == pytest.approx(10.0)
     assert b.due(writes_in_flight=1) == pytest.approx(10.0)
     assert b.due(writes_in_flight=2) == pytest.approx(10.25)
+
+
+def test_the_smaller_half_of_an_odd_crowd_goes_beside_the_larger() -> None:
+    """33 outstanding: 17 close the first batch, and the other 16 (not full at
+    17) go out beside it rather than wait for it to come back."""
+    b = crowd(33, max_latency=0.25)
+    for i in range(15):
+        lone(b, f"m{i}", now=1.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(1.25)
+    lone(b, "m15", now=1.0)
+    assert b.due(writes_in_flight=1) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(

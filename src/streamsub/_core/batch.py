@@ -12,13 +12,16 @@ Many callers at once (a crowd of ``publish()`` callers, each awaiting its
 single message): a batch that held all of them would leave Redis idle while
 the callers prepare the next one, and the callers idle while Redis stores it.
 So once the publisher has seen at least ``2 * split_at`` single publishes
-outstanding (queued or being written) in its last round of writes
-(:attr:`Batcher.concurrency`), a batch is also full when its single publishes
-(``add(..., lone=True)``) reach half of that, and a batch holding at least
-``split_at`` of them goes out while one write is in flight: the crowd is
-written in halves, Redis storing one while the callers of the other publish
-again (Kafka's several batches in flight per broker). A ``publish_many`` is
-one caller however many messages it has: its messages count toward neither.
+outstanding (queued or being written) in its last rounds of writes
+(:attr:`Batcher.concurrency`, from ``_core/crowd.py``), a batch is also full
+when its single publishes (``add(..., lone=True)``) reach half of that, and a
+batch holding the other half (half of it rounded down, and at least
+``split_at``) goes out while one write is in flight: the crowd is written in
+halves, Redis storing one while the callers
+of the other publish again (Kafka's several batches in flight per broker). A
+``publish_many`` is one caller however many messages it has: its messages
+count toward neither. On Redis Cluster the crowd is the whole topic's, and
+each half is then written as one write per master.
 
 An entry may stand for a run of messages (``count`` of them, packed one after
 the other): a ``publish_many`` of messages without ordering keys joins the
@@ -165,14 +168,15 @@ class Batcher(Generic[T]):
         None when it is empty; the time of its first message (so, already due)
         while the writer is free (fewer than ``free_below`` writes in flight),
         or, in a crowd, while one write more is in flight and the batch holds
-        ``split_at`` single publishes or more (the other half); else its
+        the other half of it (half the crowd rounded down, at least
+        ``split_at`` single publishes); else its
         :meth:`deadline`, until a write comes back and frees the writer.
         """
         if self._count == 0:
             return None
         if writes_in_flight < self._free_below or (
             writes_in_flight == self._free_below
-            and self._lone >= self._split_at
+            and self._lone >= max(self._split_at, self.concurrency // 2)
             and self._crowded()
         ):
             return self._opened_at

@@ -112,9 +112,8 @@ WRITER_FREE_BELOW = 1
 this are in flight (see ``_core/batch.py``): measured in benchmarks/README.md."""
 SPLIT_AT = 8
 """From twice this many single publishes outstanding at once (a crowd of
-callers), a batch is full at half of them, and a batch of this many goes out
-beside one write in flight (see ``_core/batch.py``): measured in
-benchmarks/README.md."""
+callers), a batch is full at half of them, and the other half goes out beside
+the first (see ``_core/batch.py``): measured in benchmarks/README.md."""
 _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
 
