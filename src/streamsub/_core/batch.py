@@ -17,11 +17,11 @@ outstanding (queued or being written) in its last rounds of writes
 when its single publishes (``add(..., lone=True)``) reach half of that, and a
 batch holding the other half (half of it rounded down, and at least
 ``split_at``) goes out while one write is in flight: the crowd is written in
-halves, Redis storing one while the callers
-of the other publish again (Kafka's several batches in flight per broker). A
-``publish_many`` is one caller however many messages it has: its messages
-count toward neither. On Redis Cluster the crowd is the whole topic's, and
-each half is then written as one write per master.
+halves, Redis storing one while the callers of the other publish again
+(Kafka's several batches in flight per broker). A ``publish_many`` is one
+caller however many messages it has: its messages count toward neither. On
+Redis Cluster the crowd is the whole topic's, and each half is then written
+as one write per master.
 
 An entry may stand for a run of messages (``count`` of them, packed one after
 the other): a ``publish_many`` of messages without ordering keys joins the
@@ -169,8 +169,8 @@ class Batcher(Generic[T]):
         while the writer is free (fewer than ``free_below`` writes in flight),
         or, in a crowd, while one write more is in flight and the batch holds
         the other half of it (half the crowd rounded down, at least
-        ``split_at`` single publishes); else its
-        :meth:`deadline`, until a write comes back and frees the writer.
+        ``split_at`` single publishes); else its :meth:`deadline`, until a
+        write comes back and frees the writer.
         """
         if self._count == 0:
             return None
