@@ -325,6 +325,16 @@ async def _first_set(events: set[asyncio.Event], timeout: float | None) -> None:
             waiter.cancel()
 
 
+def _elsewhere(flights: dict[str, int], target: str, own: tuple[int, str] | None) -> bool:
+    """Whether a slot's writes unanswered (``flights``, per node) include one at
+    another node than ``target``, besides the write itself (``own``: where it
+    counts, if it was sent before and refused since)."""
+    return any(
+        name != target and (own is None or own[1] != name or count > 1)
+        for name, count in flights.items()
+    )
+
+
 class _ClusterAppender:
     """In-order connections per node for appends, routed by a slot map of its own.
 
@@ -353,6 +363,12 @@ class _ClusterAppender:
         """Per slot, the event of the newest call with a write for it: set once
         that write left (or never will); the next call's write for the slot
         waits for it."""
+        self._flights: dict[int, dict[str, int]] = {}
+        """Per slot, its writes sent to each node and not answered yet (one
+        answered with a redirect counts where it was until it is sent again)."""
+        self._landed: dict[int, asyncio.Event] = {}
+        """Per slot with a write held back (:meth:`_send_routed`), set once one
+        of the slot's writes leaves a node's count."""
 
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
@@ -435,61 +451,99 @@ class _ClusterAppender:
         after_replies: list[tuple[asyncio.Future[Any], list[int]]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
-        for _ in range(MAX_REDIRECTS + 1):
-            sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
-            waits: dict[str, asyncio.Future[Any]] = {}
-            unsent: dict[int, Exception] = {}
-            await self._send_all(commands, todo, after, sent, waits, unsent)
-            for i, exc in unsent.items():
-                replies[i] = exc
-            todo = []
-            stored: dict[str, list[int]] = {}
-            for i, name, asking, future in sent:
-                try:
-                    replies[i] = await future
-                    stored.setdefault(name, []).append(i)
-                except rexc.TryAgainError as exc:
-                    # The importing node lacks a key the write names. A
-                    # publisher's link key that exists on neither node (its
-                    # first write to the partition in a minute) never comes:
-                    # sent again at once with it undeclared (as SlotRouter's
-                    # steps); anything else fails the write.
-                    again = (
-                        await self._router.undeclared(self._slot(commands[i][3]), name, commands[i])
-                        if asking
-                        else None
-                    )
-                    if again is None:
+        # index -> the slot and node its write counts at (_flights)
+        counted: dict[int, tuple[int, str]] = {}
+        try:
+            for _ in range(MAX_REDIRECTS + 1):
+                sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
+                waits: dict[str, asyncio.Future[Any]] = {}
+                unsent: dict[int, Exception] = {}
+                await self._send_all(commands, todo, after, sent, waits, unsent, counted)
+                for i, exc in unsent.items():
+                    replies[i] = exc
+                todo = []
+                stored: dict[str, list[int]] = {}
+                for i, name, asking, future in sent:
+                    try:
+                        replies[i] = await future
+                        stored.setdefault(name, []).append(i)
+                    except rexc.TryAgainError as exc:
+                        # The importing node lacks a key the write names. A
+                        # publisher's link key that exists on neither node (its
+                        # first write to the partition in a minute) never comes:
+                        # sent again at once with it undeclared (as SlotRouter's
+                        # steps); anything else fails the write.
+                        again = (
+                            await self._router.undeclared(
+                                self._slot(commands[i][3]), name, commands[i]
+                            )
+                            if asking
+                            else None
+                        )
+                        if again is None:
+                            replies[i] = exc
+                        else:
+                            commands[i] = again
+                            todo.append((i, name, True))
+                            continue  # still counted where it was sent
+                    except rexc.AskError as exc:  # MovedError is one too
+                        # Not run. Sent again, under the lock, before any later
+                        # batch of its slot: the map changes only there.
+                        moved = isinstance(exc, rexc.MovedError)
+                        todo.append((i, f"{exc.host}:{exc.port}", not moved))
+                        continue  # still counted where it was sent
+                    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                        self._forget(name)
                         replies[i] = exc
-                    else:
-                        commands[i] = again
-                        todo.append((i, name, True))
-                except rexc.AskError as exc:  # MovedError is one too
-                    # Not run. Sent again, under the lock, before any later batch
-                    # of its slot: the map changes only there.
-                    moved = isinstance(exc, rexc.MovedError)
-                    todo.append((i, f"{exc.host}:{exc.port}", not moved))
-                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-                    self._forget(name)
-                    replies[i] = exc
-                except rexc.ResponseError as exc:
-                    replies[i] = exc
-            for name, wait in waits.items():
-                if name in stored:
-                    after_replies.append((wait, stored[name]))
-                else:  # every batch there was redirected (it may be a replica now)
-                    wait.add_done_callback(lambda f: f.cancelled() or f.exception())
-            if not todo:
-                waited = await asyncio.gather(
-                    *(wait for wait, _ in after_replies), return_exceptions=True
-                )
-                return replies, [
-                    (reply, indexes)
-                    for reply, (_, indexes) in zip(waited, after_replies, strict=True)
-                ]
-        raise rexc.ClusterDownError(
-            f"a batch was redirected {MAX_REDIRECTS} times: the cluster keeps moving its slot"
-        )
+                    except rexc.ResponseError as exc:
+                        replies[i] = exc
+                    self._uncount(*counted.pop(i))
+                for name, wait in waits.items():
+                    if name in stored:
+                        after_replies.append((wait, stored[name]))
+                    else:  # every batch there was redirected (it may be a replica now)
+                        wait.add_done_callback(lambda f: f.cancelled() or f.exception())
+                if not todo:
+                    waited = await asyncio.gather(
+                        *(wait for wait, _ in after_replies), return_exceptions=True
+                    )
+                    return replies, [
+                        (reply, indexes)
+                        for reply, (_, indexes) in zip(waited, after_replies, strict=True)
+                    ]
+            raise rexc.ClusterDownError(
+                f"a batch was redirected {MAX_REDIRECTS} times: the cluster keeps moving its slot"
+            )
+        finally:
+            # Writes redirected and not sent again, or not answered (cancelled).
+            for slot, name in counted.values():
+                self._uncount(slot, name)
+
+    def _count(self, slot: int, name: str, was: tuple[int, str] | None) -> None:
+        """A write to ``slot`` was sent to node ``name`` (again, if it counted
+        at ``was``): count it there until it is answered."""
+        flights = self._flights.get(slot)
+        if flights is None:
+            self._flights[slot] = {name: 1}
+        else:
+            flights[name] = flights.get(name, 0) + 1
+        if was is not None:
+            self._uncount(*was)
+
+    def _uncount(self, slot: int, name: str) -> None:
+        """A write to ``slot``, counted at node ``name``, was answered there (or
+        was sent on, or never will be): wake the writes held back behind it."""
+        flights = self._flights[slot]
+        left = flights[name] - 1
+        if left:
+            flights[name] = left
+        else:
+            del flights[name]
+            if not flights:
+                del self._flights[slot]
+        landed = self._landed.pop(slot, None)
+        if landed is not None:
+            landed.set()
 
     async def _send_all(
         self,
@@ -499,15 +553,21 @@ class _ClusterAppender:
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
+        counted: dict[int, tuple[int, str]],
     ) -> None:
         """Route and send ``todo``, adding each command's reply future to
         ``sent``, each node's ``after`` to ``waits``, and the error of each
         command that could not be sent to ``unsent`` (the others' fates are
-        their own: a node that fails fails only its commands).
+        their own: a node that fails fails only its commands); ``counted``
+        says where each sent write counts (``_flights``).
 
         Writes of one slot leave in the order of the calls: as a call begins it
         queues, per slot, behind the previous call with a write for that slot,
-        and a write leaves once the one before it left. A node that refuses a
+        and a write leaves once the one before it left. A write that would go
+        to another node than the slot's writes still unanswered (the first of
+        them came back ``MOVED``: the map names the new master) is held back
+        until none is left elsewhere: those still on their way back from the
+        old master are sent again first, and it lands behind them. A node that refuses a
         new connection (a master killed and not yet replaced), or does not
         answer the try to reach it, got nothing: its commands are routed
         afresh from a new view of the cluster and sent again, with growing
@@ -563,6 +623,7 @@ class _ClusterAppender:
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
                 again: list[tuple[int, str | None, bool]] = []
+                held_back: list[tuple[int, str | None, bool]] = []
                 # A redirected write is sent again as it comes back, with no
                 # await before the lock: its order against the same slot's
                 # other redirected writes is that of the lock's queue. It may
@@ -577,9 +638,18 @@ class _ClusterAppender:
                 if go:
                     async with self._lock:
                         again = await self._send_routed(
-                            commands, go, after, sent, waits, unsent, refused, connect=redirected
+                            commands,
+                            go,
+                            after,
+                            sent,
+                            waits,
+                            unsent,
+                            refused,
+                            held_back,
+                            counted,
+                            connect=redirected,
                         )
-                held = {slot_of(i) for i, _, _ in refused + again}
+                held = {slot_of(i) for i, _, _ in refused + again + held_back}
                 for i, _, _ in go:
                     if slot_of(i) not in held and slot_of(i) in mine:
                         mine[slot_of(i)].set()
@@ -589,15 +659,25 @@ class _ClusterAppender:
                 if again and loop.time() >= deadline:
                     unreached(again, "its turn to be sent came too late")
                     again = []
+                if held_back and loop.time() >= deadline:
+                    unreached(held_back, "writes sent to its previous master were still unanswered")
+                    held_back = []
                 if refused:
                     paused.append((loop.time() + pause, refused))
                     pause = min(pause * 2, 1.0)
-                todo = waiting + again  # a slot's writes are all in one of the three
+                todo = waiting + again + held_back  # a slot's writes are all in one of these
                 if again:
                     continue
                 if todo or paused:
                     events = {behind[slot_of(i)] for i, _, _ in waiting}
                     resume = max(0.0, paused[0][0] - loop.time()) if paused else None
+                    if held_back:
+                        landed = self._landed
+                        events |= {
+                            landed.setdefault(slot_of(i), asyncio.Event()) for i, _, _ in held_back
+                        }
+                        until_deadline = max(0.0, deadline - loop.time())
+                        resume = until_deadline if resume is None else min(resume, until_deadline)
                     await _first_set(events, resume)
         finally:
             for slot, event in mine.items():
@@ -686,13 +766,16 @@ class _ClusterAppender:
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
         refused: list[tuple[int, str | None, bool]],
+        held_back: list[tuple[int, str | None, bool]],
+        counted: dict[int, tuple[int, str]],
         *,
         connect: bool,
     ) -> list[tuple[int, str | None, bool]]:
         """One try of :meth:`_send_all` (under the lock). The commands of nodes
         that refused a connection, and those whose slot was forgotten, go to
-        ``refused``, to be routed afresh after a pause; return those to be
-        checked again at once: their connection was not ready
+        ``refused``, to be routed afresh after a pause; those whose slot has
+        writes unanswered at another node go to ``held_back``; return those to
+        be checked again at once: their connection was not ready
         (``connect=False``)."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
         again: list[tuple[int, str | None, bool]] = []
@@ -706,6 +789,14 @@ class _ClusterAppender:
                     refused.append((i, None, False))
                     continue
                 target = await self._node_for(slot)
+                flights = self._flights.get(slot)
+                if (
+                    flights
+                    and (len(flights) > 1 or target not in flights)
+                    and _elsewhere(flights, target, counted.get(i))
+                ):
+                    held_back.append((i, None, False))
+                    continue
             elif not asking:  # MOVED: the slot's new home, from now on
                 self._slot_node[slot] = target
             by_node.setdefault(target, []).append((i, asking))
@@ -736,6 +827,10 @@ class _ClusterAppender:
                 waits[name] = futures.pop()
             futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
             sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
+            for i, _ in items:
+                slot = self._slot(commands[i][3])
+                self._count(slot, name, counted.get(i))
+                counted[i] = (slot, name)
         return again
 
     def _forget(self, name: str) -> None:
