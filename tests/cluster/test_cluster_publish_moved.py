@@ -1,23 +1,27 @@
 """A slot that moved while several writes to it were in flight (README, Redis
 Cluster, Publishing: order is kept across a slot's move). The first write to
-come back ``MOVED`` teaches the appender the slot's new master; a write started
-after that must not reach the new master before the earlier writes still on
-their way back from the old one: its link (append.lua) would find the write it
+come back ``MOVED`` teaches the appender the slot's new master. No write, new
+or sent again, may reach the new master before an earlier write still on its
+way back from the old one: its link (append.lua) would find the write it
 follows not stored, and fail a publish that nothing was wrong with (CI, stop
 22: two held migrations under traffic, ``BROKENLINK write 1539 ... follows
-write 1536``)."""
+write 1536``). Here the earlier write's answers are handled late because its
+other partition waits on a third master kept busy by a script."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 import pytest
 import redis
 
 import streamsub
-from streamsub._backends.base import BrokenLinkError, Link
+from streamsub._backends.base import BrokenLinkError, Link, TopicRecord
 from streamsub._backends.redis import _keys
 from streamsub._core.codec import encode
 from streamsub.testing import RedisClusterServers
@@ -63,28 +67,32 @@ def _hold_busy(cluster: RedisClusterServers, port: int) -> redis.Redis:
     raise AssertionError("the busy script did not start")
 
 
-@pytest.mark.timeout(60)
-async def test_a_write_after_a_moved_slot_waits_for_the_earlier_writes_on_their_way_back(
-    emptied: RedisClusterServers,
-) -> None:
-    """Partition A's slot is moved to another master once the appender has
-    written there. Write X (A) and write Y (B on a third master, then A) are
-    sent to the old master together; X comes back MOVED and is sent to the new
-    master, while Y's answers wait behind a busy script on B's master. Write Z
-    (A, linked after Y) starts once X is stored. Z must land after Y: every
-    write is stored, and partition A holds x, y, z in that order."""
-    cluster = emptied
+class _Moved(NamedTuple):
+    backend: Any
+    topic: TopicRecord
+    a: int
+    """The partition whose slot moved."""
+    b: int
+    """A partition on the third master, kept busy."""
+    slot: int
+    source: str
+    target: int
+
+
+@contextlib.asynccontextmanager
+async def _moved(cluster: RedisClusterServers) -> AsyncIterator[_Moved]:
+    """A topic whose partition A's slot moved to another master after the
+    appender wrote there (its map still names the old one), with the master of
+    partition B (neither of the two) busy for BUSY seconds."""
     async with streamsub.connect(cluster.url) as client:
         await client.create_topic("moved", partitions=PARTITIONS)
         backend = client._backend
         topic = await backend.get_topic("moved")
         assert topic is not None
-        masters = cluster.master_ports()
-        owners = [owner_port(cluster, partition_slot(cluster, "moved", p)) for p in range(2)]
-        a = 0
-        source = owners[0]
-        target = next(p for p in masters if p != source)  # slot_held_migrating's choice
-        third = next(p for p in masters if p not in (source, target))
+        a, slot = 0, partition_slot(cluster, "moved", 0)
+        source = owner_port(cluster, slot)
+        target = next(p for p in cluster.master_ports() if p != source)  # slot_held_migrating's
+        third = next(p for p in cluster.master_ports() if p not in (source, target))
         b = next(
             p
             for p in range(PARTITIONS)
@@ -92,32 +100,77 @@ async def test_a_write_after_a_moved_slot_waits_for_the_earlier_writes_on_their_
         )
         # The appender learns where both partitions are.
         await backend.append(topic, {a: _packed(b"w"), b: _packed(b"w")})
-        with slot_held_migrating(cluster, partition_slot(cluster, "moved", a)):
+        with slot_held_migrating(cluster, slot):
             pass  # moved, and handed over on every master
         busy = await asyncio.to_thread(_hold_busy, cluster, third)
         try:
-            x = asyncio.create_task(
-                backend.append(topic, {a: _packed(b"x")}, {a: Link("w", 1, None)})
-            )
-            y = asyncio.create_task(
-                backend.append(
-                    topic,
-                    {b: _packed(b"y"), a: _packed(b"y")},
-                    {b: Link("w", 2, None), a: Link("w", 2, 1)},
-                )
-            )
-            x_result = await x
-            assert not y.done(), "the busy master answered early: the test proves nothing"
-            z_result = await backend.append(topic, {a: _packed(b"z")}, {a: Link("w", 3, 2)})
-            y_result = await y
+            yield _Moved(backend, topic, a, b, slot, f"127.0.0.1:{source}", target)
         finally:
             busy.close()
-    for result in (x_result[a], y_result[a], y_result[b], z_result[a]):
-        assert not isinstance(result, BrokenLinkError | Exception), result
-    inspect = cluster.node(target)
+        assert backend._appender._order.in_flight(slot) == []  # nothing left behind
+
+
+def _stored(cluster: RedisClusterServers, port: int, partition: int) -> list[bytes]:
+    inspect = cluster.node(port)
     try:
-        stream = _keys.stream_key(partition_tags(cluster, "moved")[a])
-        stored = [fields[b"d"] for _, fields in inspect.xrange(stream)]
+        stream = _keys.stream_key(partition_tags(cluster, "moved")[partition])
+        return [fields[b"d"] for _, fields in inspect.xrange(stream)]
     finally:
         inspect.close()
-    assert stored == [b"w", b"x", b"y", b"z"]
+
+
+def _assert_stored(*results: dict[int, list[str] | Exception]) -> None:
+    for result in results:
+        for outcome in result.values():
+            assert not isinstance(outcome, BrokenLinkError | Exception), outcome
+
+
+@pytest.mark.timeout(60)
+async def test_a_new_write_waits_for_the_earlier_writes_on_their_way_back(
+    emptied: RedisClusterServers,
+) -> None:
+    """Write X (A) and write Y (B, then A) are sent to A's old master together;
+    X comes back MOVED and is stored on the new master, which the map names
+    from then on, while Y's answer for A is still to be handled. Write Z (A,
+    linked after Y) starts then: it must land after Y. Every write is stored,
+    and partition A holds x, y, z in that order."""
+    async with _moved(emptied) as moved:
+        backend, topic, a, b = moved.backend, moved.topic, moved.a, moved.b
+        x = asyncio.create_task(backend.append(topic, {a: _packed(b"x")}, {a: Link("w", 1, None)}))
+        y = asyncio.create_task(
+            backend.append(
+                topic,
+                {b: _packed(b"y"), a: _packed(b"y")},
+                {b: Link("w", 2, None), a: Link("w", 2, 1)},
+            )
+        )
+        x_result = await x
+        # Y's write to A is still out at the old master: Z has to wait for it.
+        assert backend._appender._order.in_flight(moved.slot) == [(moved.source, False, False)]
+        z_result = await backend.append(topic, {a: _packed(b"z")}, {a: Link("w", 3, 2)})
+        y_result = await y
+    _assert_stored(x_result, y_result, z_result)
+    assert _stored(emptied, moved.target, a) == [b"w", b"x", b"y", b"z"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_write_sent_again_waits_for_the_earlier_writes_sent_again(
+    emptied: RedisClusterServers,
+) -> None:
+    """Write Y (B, then A) and write Z (A, linked after Y) are both sent to A's
+    old master and both come back MOVED. Z's answer is handled at once, Y's
+    only once B's busy master answers: Z must be sent on after Y. Both are
+    stored, and partition A holds y, z in that order."""
+    async with _moved(emptied) as moved:
+        backend, topic, a, b = moved.backend, moved.topic, moved.a, moved.b
+        y = asyncio.create_task(
+            backend.append(
+                topic,
+                {b: _packed(b"y"), a: _packed(b"y")},
+                {b: Link("w", 1, None), a: Link("w", 1, None)},
+            )
+        )
+        z = asyncio.create_task(backend.append(topic, {a: _packed(b"z")}, {a: Link("w", 2, 1)}))
+        y_result, z_result = await asyncio.gather(y, z)
+    _assert_stored(y_result, z_result)
+    assert _stored(emptied, moved.target, a) == [b"w", b"y", b"z"]

@@ -51,19 +51,23 @@ node (see Lua calls below). What differs:
 - **Appending**: batches go through one in-order connection per node (as on
   one server, several in flight), routed by a slot map of the appender's own
   that changes only under its send lock, so that a batch redirected by
-  ``MOVED`` or ``ASK`` is sent again (``ASKING`` on the same connection, in the
-  same write) before any later batch of its partition: order is kept across a
-  slot's move. A write is answered ``TRYAGAIN`` by the importing node when
-  the publisher's link key on the partition (its first write there in a
-  minute) exists on neither node: it is sent there again at once with that
-  key undeclared, as ``_routing.SlotRouter`` does for steps. A node that
-  refuses a new connection (a killed master not yet replaced) got nothing,
-  so its batches are routed afresh and retried until the socket timeout: a
-  publish stalls through the failover. ``CLUSTERDOWN``, any other
-  ``TRYAGAIN`` and a connection lost with batches in flight fail the publish
-  (it may or may not be stored after a lost connection; it is not after the
-  others). The appender's connections are its own, not the node pools':
-  redis-py closes every pooled connection on some errors.
+  ``MOVED`` or ``ASK`` is sent again (``ASKING`` on the same connection, in
+  the same write) before any later batch of its partition: order is kept
+  across a slot's move. A write, new or sent again, that could reach a node
+  before an earlier write of its slot waits for that one (an earlier write on
+  its way back ``MOVED`` from the old master while the map names the new one,
+  or one waiting to be sent again): ``_slot_order``. A write is answered
+  ``TRYAGAIN`` by the importing node when the publisher's link key on the
+  partition (its first write there in a minute) exists on neither node: it is
+  sent there again at once with that key undeclared, as
+  ``_routing.SlotRouter`` does for steps. A node that refuses a new connection
+  (a killed master not yet replaced) got nothing, so its batches are routed
+  afresh and retried until the socket timeout: a publish stalls through the
+  failover. ``CLUSTERDOWN``, any other ``TRYAGAIN`` and a connection lost with
+  batches in flight fail the publish (it may or may not be stored after a lost
+  connection; it is not after the others). The appender's connections are its
+  own, not the node pools': redis-py closes every pooled connection on some
+  errors.
 - **Lua calls and reads**: acks, lease extensions, nacks, reclaims and the
   other Lua steps, and the reading polls, are routed by their first key's slot
   here (``_routing.SlotRouter``), each node's calls in one write on one of its
@@ -137,6 +141,7 @@ from ._backend import (
 from ._in_order import InOrderConnection, NotReady
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
+from ._slot_order import Flight, SlotOrder
 from ._slots import balanced_salts, key_slot
 from ._wakeups import Wakeups
 
@@ -325,16 +330,6 @@ async def _first_set(events: set[asyncio.Event], timeout: float | None) -> None:
             waiter.cancel()
 
 
-def _elsewhere(flights: dict[str, int], target: str, own: tuple[int, str] | None) -> bool:
-    """Whether a slot's writes unanswered (``flights``, per node) include one at
-    another node than ``target``, besides the write itself (``own``: where it
-    counts, if it was sent before and refused since)."""
-    return any(
-        name != target and (own is None or own[1] != name or count > 1)
-        for name, count in flights.items()
-    )
-
-
 class _ClusterAppender:
     """In-order connections per node for appends, routed by a slot map of its own.
 
@@ -363,12 +358,9 @@ class _ClusterAppender:
         """Per slot, the event of the newest call with a write for it: set once
         that write left (or never will); the next call's write for the slot
         waits for it."""
-        self._flights: dict[int, dict[str, int]] = {}
-        """Per slot, its writes sent to each node and not answered yet (one
-        answered with a redirect counts where it was until it is sent again)."""
-        self._landed: dict[int, asyncio.Event] = {}
-        """Per slot with a write held back (:meth:`_send_routed`), set once one
-        of the slot's writes leaves a node's count."""
+        self._order = SlotOrder()
+        """Each slot's writes in flight, in the order they first left: whether
+        one may go to a node yet (see ``_slot_order``)."""
 
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
@@ -451,16 +443,18 @@ class _ClusterAppender:
         after_replies: list[tuple[asyncio.Future[Any], list[int]]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
-        # index -> the slot and node its write counts at (_flights)
-        counted: dict[int, tuple[int, str]] = {}
+        flights: dict[int, tuple[int, Flight]] = {}  # index -> its slot, its flight
         try:
             for _ in range(MAX_REDIRECTS + 1):
                 sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
                 waits: dict[str, asyncio.Future[Any]] = {}
                 unsent: dict[int, Exception] = {}
-                await self._send_all(commands, todo, after, sent, waits, unsent, counted)
+                await self._send_all(commands, todo, after, sent, waits, unsent, flights)
+                order = self._order
                 for i, exc in unsent.items():
                     replies[i] = exc
+                    if i in flights:  # sent before, and redirected
+                        order.done(*flights.pop(i))
                 todo = []
                 stored: dict[str, list[int]] = {}
                 for i, name, asking, future in sent:
@@ -485,19 +479,21 @@ class _ClusterAppender:
                         else:
                             commands[i] = again
                             todo.append((i, name, True))
-                            continue  # still counted where it was sent
+                            order.redirected(flights[i][1])
+                            continue
                     except rexc.AskError as exc:  # MovedError is one too
                         # Not run. Sent again, under the lock, before any later
                         # batch of its slot: the map changes only there.
                         moved = isinstance(exc, rexc.MovedError)
                         todo.append((i, f"{exc.host}:{exc.port}", not moved))
-                        continue  # still counted where it was sent
+                        order.redirected(flights[i][1])
+                        continue
                     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                         self._forget(name)
                         replies[i] = exc
                     except rexc.ResponseError as exc:
                         replies[i] = exc
-                    self._uncount(*counted.pop(i))
+                    order.done(*flights.pop(i))
                 for name, wait in waits.items():
                     if name in stored:
                         after_replies.append((wait, stored[name]))
@@ -516,34 +512,8 @@ class _ClusterAppender:
             )
         finally:
             # Writes redirected and not sent again, or not answered (cancelled).
-            for slot, name in counted.values():
-                self._uncount(slot, name)
-
-    def _count(self, slot: int, name: str, was: tuple[int, str] | None) -> None:
-        """A write to ``slot`` was sent to node ``name`` (again, if it counted
-        at ``was``): count it there until it is answered."""
-        flights = self._flights.get(slot)
-        if flights is None:
-            self._flights[slot] = {name: 1}
-        else:
-            flights[name] = flights.get(name, 0) + 1
-        if was is not None:
-            self._uncount(*was)
-
-    def _uncount(self, slot: int, name: str) -> None:
-        """A write to ``slot``, counted at node ``name``, was answered there (or
-        was sent on, or never will be): wake the writes held back behind it."""
-        flights = self._flights[slot]
-        left = flights[name] - 1
-        if left:
-            flights[name] = left
-        else:
-            del flights[name]
-            if not flights:
-                del self._flights[slot]
-        landed = self._landed.pop(slot, None)
-        if landed is not None:
-            landed.set()
+            for slot, flight in flights.values():
+                self._order.done(slot, flight)
 
     async def _send_all(
         self,
@@ -553,21 +523,21 @@ class _ClusterAppender:
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
-        counted: dict[int, tuple[int, str]],
+        flights: dict[int, tuple[int, Flight]],
     ) -> None:
         """Route and send ``todo``, adding each command's reply future to
         ``sent``, each node's ``after`` to ``waits``, and the error of each
         command that could not be sent to ``unsent`` (the others' fates are
-        their own: a node that fails fails only its commands); ``counted``
-        says where each sent write counts (``_flights``).
+        their own: a node that fails fails only its commands), and each sent
+        write's flight to ``flights`` (``_slot_order``).
 
         Writes of one slot leave in the order of the calls: as a call begins it
         queues, per slot, behind the previous call with a write for that slot,
-        and a write leaves once the one before it left. A write that would go
-        to another node than the slot's writes still unanswered (the first of
-        them came back ``MOVED``: the map names the new master) is held back
-        until none is left elsewhere: those still on their way back from the
-        old master are sent again first, and it lands behind them. A node that refuses a
+        and a write leaves once the one before it left. A write, new or sent
+        again after a redirect, that would reach a node before an earlier
+        write of its slot (one on its way back from the old master of a moved
+        slot, or waiting to be sent again) is held back until that one went
+        on (``_slot_order``), up to the write's time. A node that refuses a
         new connection (a master killed and not yet replaced), or does not
         answer the try to reach it, got nothing: its commands are routed
         afresh from a new view of the cluster and sent again, with growing
@@ -623,7 +593,7 @@ class _ClusterAppender:
                 waiting = [item for item in todo if not ready(item)]
                 refused: list[tuple[int, str | None, bool]] = []
                 again: list[tuple[int, str | None, bool]] = []
-                held_back: list[tuple[int, str | None, bool]] = []
+                held_back: list[tuple[tuple[int, str | None, bool], asyncio.Event]] = []
                 # A redirected write is sent again as it comes back, with no
                 # await before the lock: its order against the same slot's
                 # other redirected writes is that of the lock's queue. It may
@@ -646,10 +616,11 @@ class _ClusterAppender:
                             unsent,
                             refused,
                             held_back,
-                            counted,
+                            flights,
                             connect=redirected,
                         )
-                held = {slot_of(i) for i, _, _ in refused + again + held_back}
+                held_items = [item for item, _ in held_back]
+                held = {slot_of(i) for i, _, _ in refused + again + held_items}
                 for i, _, _ in go:
                     if slot_of(i) not in held and slot_of(i) in mine:
                         mine[slot_of(i)].set()
@@ -660,22 +631,19 @@ class _ClusterAppender:
                     unreached(again, "its turn to be sent came too late")
                     again = []
                 if held_back and loop.time() >= deadline:
-                    unreached(held_back, "writes sent to its previous master were still unanswered")
-                    held_back = []
+                    unreached(held_items, "an earlier write to it was not answered in time")
+                    held_back, held_items = [], []
                 if refused:
                     paused.append((loop.time() + pause, refused))
                     pause = min(pause * 2, 1.0)
-                todo = waiting + again + held_back  # a slot's writes are all in one of these
+                todo = waiting + again + held_items  # a slot's writes are all in one of these
                 if again:
                     continue
                 if todo or paused:
                     events = {behind[slot_of(i)] for i, _, _ in waiting}
                     resume = max(0.0, paused[0][0] - loop.time()) if paused else None
                     if held_back:
-                        landed = self._landed
-                        events |= {
-                            landed.setdefault(slot_of(i), asyncio.Event()) for i, _, _ in held_back
-                        }
+                        events |= {event for _, event in held_back}
                         until_deadline = max(0.0, deadline - loop.time())
                         resume = until_deadline if resume is None else min(resume, until_deadline)
                     await _first_set(events, resume)
@@ -766,20 +734,22 @@ class _ClusterAppender:
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
         refused: list[tuple[int, str | None, bool]],
-        held_back: list[tuple[int, str | None, bool]],
-        counted: dict[int, tuple[int, str]],
+        held_back: list[tuple[tuple[int, str | None, bool], asyncio.Event]],
+        flights: dict[int, tuple[int, Flight]],
         *,
         connect: bool,
     ) -> list[tuple[int, str | None, bool]]:
         """One try of :meth:`_send_all` (under the lock). The commands of nodes
         that refused a connection, and those whose slot was forgotten, go to
-        ``refused``, to be routed afresh after a pause; those whose slot has
-        writes unanswered at another node go to ``held_back``; return those to
-        be checked again at once: their connection was not ready
-        (``connect=False``)."""
+        ``refused``, to be routed afresh after a pause; those that must wait for
+        an earlier write of their slot go to ``held_back``, with the event that
+        says it changed; return those to be checked again at once: their
+        connection was not ready (``connect=False``)."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
         again: list[tuple[int, str | None, bool]] = []
-        for i, target, asking in todo:
+        order = self._order
+        for item in todo:
+            i, target, asking = item
             slot = self._slot(commands[i][3])
             if target is None:
                 if not connect and self._refresh and slot not in self._slot_node:
@@ -789,16 +759,13 @@ class _ClusterAppender:
                     refused.append((i, None, False))
                     continue
                 target = await self._node_for(slot)
-                flights = self._flights.get(slot)
-                if (
-                    flights
-                    and (len(flights) > 1 or target not in flights)
-                    and _elsewhere(flights, target, counted.get(i))
-                ):
-                    held_back.append((i, None, False))
-                    continue
             elif not asking:  # MOVED: the slot's new home, from now on
                 self._slot_node[slot] = target
+            own = flights.get(i)
+            wait = order.blocked(slot, target, None if own is None else own[1])
+            if wait is not None:  # behind an earlier write of its slot (_slot_order)
+                held_back.append((item, wait))
+                continue
             by_node.setdefault(target, []).append((i, asking))
         for name, items in by_node.items():
             batch: list[tuple[Any, ...]] = []
@@ -827,10 +794,10 @@ class _ClusterAppender:
                 waits[name] = futures.pop()
             futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
             sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
-            for i, _ in items:
+            for i, asking in items:
                 slot = self._slot(commands[i][3])
-                self._count(slot, name, counted.get(i))
-                counted[i] = (slot, name)
+                own = flights.get(i)
+                flights[i] = (slot, order.sent(slot, name, asking, None if own is None else own[1]))
         return again
 
     def _forget(self, name: str) -> None:
