@@ -6,19 +6,16 @@ way back from the old one: its link (append.lua) would find the write it
 follows not stored, and fail a publish that nothing was wrong with (CI, stop
 22: two held migrations under traffic, ``BROKENLINK write 1539 ... follows
 write 1536``). Here the earlier write's answers are handled late because its
-other partition waits on a third master kept busy by a script."""
+other partition waits on a third master that holds writes (CLIENT PAUSE)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import time
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 import pytest
-import redis
 
 import streamsub
 from streamsub._backends.base import BrokenLinkError, Link, TopicRecord
@@ -28,43 +25,14 @@ from streamsub.testing import RedisClusterServers
 from tests.cluster._helpers import owner_port, partition_slot, partition_tags, slot_held_migrating
 
 PARTITIONS = 12
-BUSY = 1.0
-"""Seconds a busy script holds the third master: the earlier write's other
-partition waits there, so its answer from the old master is handled late."""
-
-_BUSY_SCRIPT = """
-local s = redis.call('TIME')
-local start = s[1] * 1000000 + s[2]
-while true do
-  local t = redis.call('TIME')
-  if t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) then return 1 end
-end
-"""
+PAUSE = 2.0
+"""Seconds the third master holds its scripts (``CLIENT PAUSE ... WRITE``: the
+cluster bus goes on, so no failover): the earlier write's other partition
+waits there, so its answer from the old master is handled late."""
 
 
 def _packed(data: bytes) -> bytes:
     return encode(data, max_bytes=1024).packed
-
-
-def _hold_busy(cluster: RedisClusterServers, port: int) -> redis.Redis:
-    """Start a script that keeps the master at ``port`` busy for BUSY seconds;
-    return once it runs (a PING from another connection gets no answer)."""
-    busy = cluster.node(port)
-    busy.connection_pool.get_connection().send_command(  # its reply is not read
-        "EVAL", _BUSY_SCRIPT, 0, int(BUSY * 1_000_000)
-    )
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        # A raw PING: redis-py would retry one that times out.
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as probe:
-            probe.settimeout(0.05)
-            probe.sendall(b"PING\r\n")
-            try:
-                probe.recv(16)
-            except TimeoutError:
-                return busy
-        time.sleep(0.01)
-    raise AssertionError("the busy script did not start")
 
 
 class _Moved(NamedTuple):
@@ -83,7 +51,7 @@ class _Moved(NamedTuple):
 async def _moved(cluster: RedisClusterServers) -> AsyncIterator[_Moved]:
     """A topic whose partition A's slot moved to another master after the
     appender wrote there (its map still names the old one), with the master of
-    partition B (neither of the two) busy for BUSY seconds."""
+    partition B (neither of the two) holding writes for PAUSE seconds."""
     async with streamsub.connect(cluster.url) as client:
         await client.create_topic("moved", partitions=PARTITIONS)
         backend = client._backend
@@ -102,12 +70,14 @@ async def _moved(cluster: RedisClusterServers) -> AsyncIterator[_Moved]:
         await backend.append(topic, {a: _packed(b"w"), b: _packed(b"w")})
         with slot_held_migrating(cluster, slot):
             pass  # moved, and handed over on every master
-        busy = await asyncio.to_thread(_hold_busy, cluster, third)
+        paused = cluster.node(third)
         try:
+            paused.execute_command("CLIENT", "PAUSE", int(PAUSE * 1000), "WRITE")
             yield _Moved(backend, topic, a, b, slot, f"127.0.0.1:{source}", target)
         finally:
-            busy.close()
-        assert backend._appender._order.in_flight(slot) == []  # nothing left behind
+            paused.execute_command("CLIENT", "UNPAUSE")
+            paused.close()
+        assert backend._appender._order.in_flight() == []  # nothing left behind
 
 
 def _stored(cluster: RedisClusterServers, port: int, partition: int) -> list[bytes]:
@@ -146,7 +116,8 @@ async def test_a_new_write_waits_for_the_earlier_writes_on_their_way_back(
         )
         x_result = await x
         # Y's write to A is still out at the old master: Z has to wait for it.
-        assert backend._appender._order.in_flight(moved.slot) == [(moved.source, False, False)]
+        stream = _keys.stream_key(partition_tags(emptied, "moved")[a])
+        assert backend._appender._order.in_flight(stream) == [(moved.source, None, False)]
         z_result = await backend.append(topic, {a: _packed(b"z")}, {a: Link("w", 3, 2)})
         y_result = await y
     _assert_stored(x_result, y_result, z_result)
@@ -159,7 +130,7 @@ async def test_a_write_sent_again_waits_for_the_earlier_writes_sent_again(
 ) -> None:
     """Write Y (B, then A) and write Z (A, linked after Y) are both sent to A's
     old master and both come back MOVED. Z's answer is handled at once, Y's
-    only once B's busy master answers: Z must be sent on after Y. Both are
+    only once B's master answers: Z must be sent on after Y. Both are
     stored, and partition A holds y, z in that order."""
     async with _moved(emptied) as moved:
         backend, topic, a, b = moved.backend, moved.topic, moved.a, moved.b

@@ -54,12 +54,12 @@ node (see Lua calls below). What differs:
   ``MOVED`` or ``ASK`` is sent again (``ASKING`` on the same connection, in
   the same write) before any later batch of its partition: order is kept
   across a slot's move. A write, new or sent again, that could reach a node
-  before an earlier write of its slot waits for that one (an earlier write on
-  its way back ``MOVED`` from the old master while the map names the new one,
-  or one waiting to be sent again): ``_slot_order``. A write is answered
-  ``TRYAGAIN`` by the importing node when the publisher's link key on the
-  partition (its first write there in a minute) exists on neither node: it is
-  sent there again at once with that key undeclared, as
+  before an earlier write of its partition waits for that one (an earlier
+  write on its way back ``MOVED`` from the old master while the map names the
+  new one, or one waiting to be sent again): ``_write_order``. A write is
+  answered ``TRYAGAIN`` by the importing node when the publisher's link key on
+  the partition (its first write there in a minute) exists on neither node: it
+  is sent there again at once with that key undeclared, as
   ``_routing.SlotRouter`` does for steps. A node that refuses a new connection
   (a killed master not yet replaced) got nothing, so its batches are routed
   afresh and retried until the socket timeout: a publish stalls through the
@@ -141,9 +141,9 @@ from ._backend import (
 from ._in_order import InOrderConnection, NotReady
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
-from ._slot_order import Flight, SlotOrder
 from ._slots import balanced_salts, key_slot
 from ._wakeups import Wakeups
+from ._write_order import Flight, WriteOrder
 
 log = logging.getLogger("streamsub")
 
@@ -358,9 +358,9 @@ class _ClusterAppender:
         """Per slot, the event of the newest call with a write for it: set once
         that write left (or never will); the next call's write for the slot
         waits for it."""
-        self._order = SlotOrder()
-        """Each slot's writes in flight, in the order they first left: whether
-        one may go to a node yet (see ``_slot_order``)."""
+        self._order = WriteOrder()
+        """Each partition's writes in flight, in the order they first left:
+        whether one may go to a node yet (see ``_write_order``)."""
 
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
@@ -443,7 +443,8 @@ class _ClusterAppender:
         after_replies: list[tuple[asyncio.Future[Any], list[int]]] = []
         # (index, where a redirect sends it, whether that is an ASK)
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
-        flights: dict[int, tuple[int, Flight]] = {}  # index -> its slot, its flight
+        # index -> its stream (the command's key as first sent), its flight
+        flights: dict[int, tuple[Any, Flight]] = {}
         try:
             for _ in range(MAX_REDIRECTS + 1):
                 sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
@@ -452,9 +453,7 @@ class _ClusterAppender:
                 await self._send_all(commands, todo, after, sent, waits, unsent, flights)
                 order = self._order
                 for i, exc in unsent.items():
-                    replies[i] = exc
-                    if i in flights:  # sent before, and redirected
-                        order.done(*flights.pop(i))
+                    replies[i] = exc  # its flight, if any, is done (_give_up)
                 todo = []
                 stored: dict[str, list[int]] = {}
                 for i, name, asking, future in sent:
@@ -467,19 +466,19 @@ class _ClusterAppender:
                         # first write to the partition in a minute) never comes:
                         # sent again at once with it undeclared (as SlotRouter's
                         # steps); anything else fails the write.
-                        again = (
-                            await self._router.undeclared(
+                        again = None
+                        if asking:
+                            # Pending from now: a later write of the partition
+                            # answered meanwhile waits for this one's new try.
+                            order.redirected(flights[i][1])
+                            again = await self._router.undeclared(
                                 self._slot(commands[i][3]), name, commands[i]
                             )
-                            if asking
-                            else None
-                        )
                         if again is None:
                             replies[i] = exc
                         else:
                             commands[i] = again
                             todo.append((i, name, True))
-                            order.redirected(flights[i][1])
                             continue
                     except rexc.AskError as exc:  # MovedError is one too
                         # Not run. Sent again, under the lock, before any later
@@ -512,8 +511,22 @@ class _ClusterAppender:
             )
         finally:
             # Writes redirected and not sent again, or not answered (cancelled).
-            for slot, flight in flights.values():
-                self._order.done(slot, flight)
+            for stream, flight in flights.values():
+                self._order.done(stream, flight)
+
+    def _give_up(
+        self,
+        i: int,
+        exc: Exception,
+        unsent: dict[int, Exception],
+        flights: dict[int, tuple[Any, Flight]],
+    ) -> None:
+        """Write ``i`` will not be sent (again): ``exc`` is its reply, and the
+        partition's later writes no longer wait for it."""
+        unsent[i] = exc
+        flight = flights.pop(i, None)
+        if flight is not None:
+            self._order.done(*flight)
 
     async def _send_all(
         self,
@@ -523,21 +536,21 @@ class _ClusterAppender:
         sent: list[tuple[int, str, bool, asyncio.Future[Any]]],
         waits: dict[str, asyncio.Future[Any]],
         unsent: dict[int, Exception],
-        flights: dict[int, tuple[int, Flight]],
+        flights: dict[int, tuple[Any, Flight]],
     ) -> None:
         """Route and send ``todo``, adding each command's reply future to
         ``sent``, each node's ``after`` to ``waits``, and the error of each
         command that could not be sent to ``unsent`` (the others' fates are
         their own: a node that fails fails only its commands), and each sent
-        write's flight to ``flights`` (``_slot_order``).
+        write's flight to ``flights`` (``_write_order``).
 
         Writes of one slot leave in the order of the calls: as a call begins it
         queues, per slot, behind the previous call with a write for that slot,
         and a write leaves once the one before it left. A write, new or sent
-        again after a redirect, that would reach a node before an earlier
-        write of its slot (one on its way back from the old master of a moved
-        slot, or waiting to be sent again) is held back until that one went
-        on (``_slot_order``), up to the write's time. A node that refuses a
+        again after a redirect, that could reach a node before an earlier
+        write of its partition (one on its way back from the old master of a
+        moved slot, or waiting to be sent again) is held back until that one
+        went on (``_write_order``), up to the write's time. A node that refuses a
         new connection (a master killed and not yet replaced), or does not
         answer the try to reach it, got nothing: its commands are routed
         afresh from a new view of the cluster and sent again, with growing
@@ -557,7 +570,8 @@ class _ClusterAppender:
 
         # Queued before any await, so the order of entry is the order of the
         # calls. A redirected write (its target known) is a resend of one that
-        # left in its turn: it waits for nothing.
+        # left in its turn: it waits for no tail (only, maybe, for an earlier
+        # write of its partition: _write_order).
         behind: dict[int, asyncio.Event] = {}
         mine: dict[int, asyncio.Event] = {}
         for i, target, _ in todo:
@@ -570,9 +584,10 @@ class _ClusterAppender:
 
         def unreached(items: list[tuple[int, str | None, bool]], why: str) -> None:
             for i, _, _ in items:
-                unsent[i] = _NotConnected(
+                error = _NotConnected(
                     f"no node took slot {slot_of(i)} within {self._timeout:g} s: {why}"
                 )
+                self._give_up(i, error, unsent, flights)
 
         def ready(item: tuple[int, str | None, bool]) -> bool:
             previous = behind.get(slot_of(item[0]))
@@ -594,10 +609,10 @@ class _ClusterAppender:
                 refused: list[tuple[int, str | None, bool]] = []
                 again: list[tuple[int, str | None, bool]] = []
                 held_back: list[tuple[tuple[int, str | None, bool], asyncio.Event]] = []
-                # A redirected write is sent again as it comes back, with no
-                # await before the lock: its order against the same slot's
-                # other redirected writes is that of the lock's queue. It may
-                # connect under the lock, as every write did before.
+                # A redirected write is sent again as it comes back, unless an
+                # earlier write of its partition has yet to go on (_send_routed
+                # holds it back). It may connect under the lock, as every write
+                # did before.
                 redirected = any(target is not None for _, target, _ in go)
                 if go and not redirected and self._needs_connecting(commands, go):
                     try:
@@ -631,7 +646,11 @@ class _ClusterAppender:
                     unreached(again, "its turn to be sent came too late")
                     again = []
                 if held_back and loop.time() >= deadline:
-                    unreached(held_items, "an earlier write to it was not answered in time")
+                    unreached(
+                        held_items,
+                        "an earlier write of its partition, on its way back from the "
+                        "slot's old master, was not sent on in time",
+                    )
                     held_back, held_items = [], []
                 if refused:
                     paused.append((loop.time() + pause, refused))
@@ -735,7 +754,7 @@ class _ClusterAppender:
         unsent: dict[int, Exception],
         refused: list[tuple[int, str | None, bool]],
         held_back: list[tuple[tuple[int, str | None, bool], asyncio.Event]],
-        flights: dict[int, tuple[int, Flight]],
+        flights: dict[int, tuple[Any, Flight]],
         *,
         connect: bool,
     ) -> list[tuple[int, str | None, bool]]:
@@ -762,8 +781,11 @@ class _ClusterAppender:
             elif not asking:  # MOVED: the slot's new home, from now on
                 self._slot_node[slot] = target
             own = flights.get(i)
-            wait = order.blocked(slot, target, None if own is None else own[1])
-            if wait is not None:  # behind an earlier write of its slot (_slot_order)
+            if own is None:
+                wait = order.blocked(commands[i][3], target, None)
+            else:
+                wait = order.blocked(own[0], target, own[1])
+            if wait is not None:  # behind an earlier write of its partition (_write_order)
                 held_back.append((item, wait))
                 continue
             by_node.setdefault(target, []).append((i, asking))
@@ -785,7 +807,7 @@ class _ClusterAppender:
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                 self._forget(name)
                 for i, _ in items:
-                    unsent[i] = exc
+                    self._give_up(i, exc, unsent, flights)
                 continue
             if after is not None:
                 earlier = waits.get(name)
@@ -795,9 +817,12 @@ class _ClusterAppender:
             futures = [f for f, c in zip(futures, batch, strict=True) if c[0] != "ASKING"]
             sent += [(i, name, a, f) for (i, a), f in zip(items, futures, strict=True)]
             for i, asking in items:
-                slot = self._slot(commands[i][3])
                 own = flights.get(i)
-                flights[i] = (slot, order.sent(slot, name, asking, None if own is None else own[1]))
+                if own is None:  # its first send: the command's key is its stream's
+                    stream = commands[i][3]
+                    flights[i] = (stream, order.sent(stream, name, asking, None))
+                else:
+                    order.sent(own[0], name, asking, own[1])
         return again
 
     def _forget(self, name: str) -> None:
