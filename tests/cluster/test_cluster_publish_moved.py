@@ -120,8 +120,8 @@ async def test_a_new_write_waits_for_the_earlier_writes_on_their_way_back(
         assert backend._appender._order.in_flight(stream) == [(moved.source, None, False)]
         z_result = await backend.append(topic, {a: _packed(b"z")}, {a: Link("w", 3, 2)})
         y_result = await y
-    _assert_stored(x_result, y_result, z_result)
-    assert _stored(emptied, moved.target, a) == [b"w", b"x", b"y", b"z"]
+        _assert_stored(x_result, y_result, z_result)
+        assert _stored(emptied, moved.target, a) == [b"w", b"x", b"y", b"z"]
 
 
 @pytest.mark.timeout(60)
@@ -143,5 +143,5 @@ async def test_a_write_sent_again_waits_for_the_earlier_writes_sent_again(
         )
         z = asyncio.create_task(backend.append(topic, {a: _packed(b"z")}, {a: Link("w", 2, 1)}))
         y_result, z_result = await asyncio.gather(y, z)
-    _assert_stored(y_result, z_result)
-    assert _stored(emptied, moved.target, a) == [b"w", b"y", b"z"]
+        _assert_stored(y_result, z_result)
+        assert _stored(emptied, moved.target, a) == [b"w", b"y", b"z"]

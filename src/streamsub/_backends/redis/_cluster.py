@@ -761,7 +761,7 @@ class _ClusterAppender:
         """One try of :meth:`_send_all` (under the lock). The commands of nodes
         that refused a connection, and those whose slot was forgotten, go to
         ``refused``, to be routed afresh after a pause; those that must wait for
-        an earlier write of their slot go to ``held_back``, with the event that
+        an earlier write of their partition go to ``held_back``, with the event that
         says it changed; return those to be checked again at once: their
         connection was not ready (``connect=False``)."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
@@ -778,8 +778,6 @@ class _ClusterAppender:
                     refused.append((i, None, False))
                     continue
                 target = await self._node_for(slot)
-            elif not asking:  # MOVED: the slot's new home, from now on
-                self._slot_node[slot] = target
             own = flights.get(i)
             if own is None:
                 wait = order.blocked(commands[i][3], target, None)
@@ -788,6 +786,8 @@ class _ClusterAppender:
             if wait is not None:  # behind an earlier write of its partition (_write_order)
                 held_back.append((item, wait))
                 continue
+            if item[1] is not None and not asking:  # MOVED: the slot's new home, from now on
+                self._slot_node[slot] = target
             by_node.setdefault(target, []).append((i, asking))
         for name, items in by_node.items():
             batch: list[tuple[Any, ...]] = []

@@ -14,6 +14,8 @@ at that node (answered in order behind it), or was sent behind ``ASKING`` from
 that node (a write to the migrating slot's source comes back ``ASK`` too and
 follows it), and none waits to be sent again. Only a partition's own writes
 hold it back: its order is what a publish promises (and what its links check).
+(The appender's queue of first sends is per slot: while a write is held back,
+later writes to its slot queue behind it.)
 """
 
 from __future__ import annotations
