@@ -547,20 +547,19 @@ class _ClusterAppender:
         Writes of one slot leave in the order of the calls: as a call begins it
         queues, per slot, behind the previous call with a write for that slot,
         and a write leaves once the one before it left. A write, new or sent
-        again after a redirect, that could reach a node before an earlier
-        write of its partition (one on its way back from the old master of a
-        moved slot, or waiting to be sent again) is held back until that one
-        went on (``_write_order``), up to the write's time. A node that refuses a
-        new connection (a master killed and not yet replaced), or does not
-        answer the try to reach it, got nothing: its commands are routed
-        afresh from a new view of the cluster and sent again, with growing
-        pauses, until the socket timeout; so a publish stalls through a
-        failover instead of failing. Only the writes queued behind them in
-        their slots wait (and those of this call's other nodes while the
-        check waits for the silent one: README, Failover): the lock is let go
-        between tries. A write whose connection the check made ready, and
-        which found it idle again (or lost) under the lock, goes back to the
-        check at once."""
+        again after a redirect, that could reach a node before an earlier write
+        of its partition (one on its way back from the old master of a moved
+        slot, or waiting to be sent again) is held back until that one went on
+        (``_write_order``), up to the write's time. A node that refuses a new
+        connection (a master killed and not yet replaced), or does not answer
+        the try to reach it, got nothing: its commands are routed afresh from a
+        new view of the cluster and sent again, with growing pauses, until the
+        socket timeout; so a publish stalls through a failover instead of
+        failing. Only the writes queued behind them in their slots wait (and
+        those of this call's other nodes while the check waits for the silent
+        one: README, Failover): the lock is let go between tries. A write whose
+        connection the check made ready, and which found it idle again (or lost)
+        under the lock, goes back to the check at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         pause = 0.05
@@ -760,10 +759,10 @@ class _ClusterAppender:
     ) -> list[tuple[int, str | None, bool]]:
         """One try of :meth:`_send_all` (under the lock). The commands of nodes
         that refused a connection, and those whose slot was forgotten, go to
-        ``refused``, to be routed afresh after a pause; those that must wait for
-        an earlier write of their partition go to ``held_back``, with the event that
-        says it changed; return those to be checked again at once: their
-        connection was not ready (``connect=False``)."""
+        ``refused``, to be routed afresh after a pause; those that must wait
+        for an earlier write of their partition go to ``held_back``, with the
+        event that says it changed; return those to be checked again at once:
+        their connection was not ready (``connect=False``)."""
         by_node: dict[str, list[tuple[int, bool]]] = {}
         again: list[tuple[int, str | None, bool]] = []
         order = self._order
