@@ -445,13 +445,13 @@ class _ClusterAppender:
         todo: list[tuple[int, str | None, bool]] = [(i, None, False) for i in range(len(commands))]
         # index -> its stream (the command's key as first sent), its flight
         flights: dict[int, tuple[Any, Flight]] = {}
+        order = self._order
         try:
             for _ in range(MAX_REDIRECTS + 1):
                 sent: list[tuple[int, str, bool, asyncio.Future[Any]]] = []
                 waits: dict[str, asyncio.Future[Any]] = {}
                 unsent: dict[int, Exception] = {}
                 await self._send_all(commands, todo, after, sent, waits, unsent, flights)
-                order = self._order
                 for i, exc in unsent.items():
                     replies[i] = exc  # its flight, if any, is done (_give_up)
                 todo = []
@@ -512,7 +512,7 @@ class _ClusterAppender:
         finally:
             # Writes redirected and not sent again, or not answered (cancelled).
             for stream, flight in flights.values():
-                self._order.done(stream, flight)
+                order.done(stream, flight)
 
     def _give_up(
         self,
