@@ -171,6 +171,9 @@ class _Answering:
     async def append(self, topic: Any, batch: Any, links: Any = None) -> dict[int, list[str]]:
         return {p: self._ids[: blob.count(BODY)] for p, blob in batch.items()}
 
+    def write_groups(self, topic: Any, partitions: Any) -> None:
+        return None  # one server
+
 
 async def _pool(n: int, workers: int, publish_one: Any) -> float:
     """µs of CPU per message for ``workers`` coroutines awaiting ``publish_one()``."""

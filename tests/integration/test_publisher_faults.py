@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import pytest
 import redis
@@ -46,6 +46,23 @@ class _FailsOnce(TEST_BACKEND):
         if error is not None:
             raise error
         return await super().append(topic, batch, links)
+
+
+class _RoutingFailsOnce(TEST_BACKEND):
+    """Its first ``write_groups`` (where a batch's partitions go) raises
+    ``RuntimeError``; later ones work."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.failed = False
+
+    def write_groups(
+        self, topic: TopicRecord, partitions: Iterable[int]
+    ) -> dict[str | None, list[int]] | None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("boom")
+        return super().write_groups(topic, partitions)
 
 
 class _Gated(TEST_BACKEND):
@@ -117,6 +134,58 @@ async def test_a_dying_flusher_fails_waiting_publishes_and_the_next_publish_rest
             after = await client.publish_many("flaky", [b"after"])
         stored = [i for r in results if isinstance(r, list) for i in r] + after
     assert set(stored) <= _stored(redis_client, "flaky", 2)
+
+
+async def test_a_batch_whose_routing_fails_fails_its_publishes_and_later_ones_are_stored(
+    server: RedisServer, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backend fails to say where a batch's partitions go (an unexpected
+    error): that batch's publishes, single and ``publish_many`` alike, raise
+    BackendError saying their messages were not stored, none hangs, and the
+    publishes after it are stored."""
+    caplog.set_level(logging.ERROR, logger="streamsub")
+    redis_client.flushall()
+    backend = _RoutingFailsOnce(server.url)
+    async with streamsub.Client(
+        backend, batch_settings=streamsub.BatchSettings(max_messages=10)
+    ) as client:
+        await client.create_topic("routing", partitions=4)
+        singles = [client.publish("routing", f"one-{i}".encode()) for i in range(30)]
+        keyed = [
+            client.publish("routing", f"key-{i}".encode(), ordering_key=f"k{i % 3}")
+            for i in range(30)
+        ]
+        many = [
+            client.publish_many("routing", [f"{c}-{i}".encode() for i in range(25)])
+            for c in range(4)
+        ]
+        async with asyncio.timeout(10):  # a publish left hanging fails here
+            results = await asyncio.gather(*singles, *keyed, *many, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert failed, "the first batch's publishes fail"
+        for result in failed:
+            assert isinstance(result, streamsub.BackendError | OrderingKeyPausedError), result
+        routing = [r for r in failed if isinstance(r, streamsub.BackendError)]
+        assert routing
+        assert all("were not stored" in str(r) for r in routing), routing
+        assert any("routing a batch failed" in r.getMessage() for r in caplog.records)
+        for key in ("k0", "k1", "k2"):
+            client.resume_publish("routing", key)
+        async with asyncio.timeout(10):
+            after = await asyncio.gather(
+                *(client.publish("routing", f"after-{i}".encode()) for i in range(30)),
+                client.publish_many("routing", [f"after-many-{i}".encode() for i in range(25)]),
+            )
+        # Nothing failed stays counted: not as queued, not as flow control's room.
+        assert client._publishers["routing"].queued == (0, 0)
+        assert client._publish_gate.outstanding == (0, 0)
+    ids = [r for r in results if isinstance(r, str)]
+    ids += [i for r in results if isinstance(r, list) for i in r]
+    ids += [r for r in after if isinstance(r, str)] + [
+        i for r in after if isinstance(r, list) for i in r
+    ]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == _stored(redis_client, "routing", 4)
 
 
 async def test_publish_waits_for_room_while_the_queue_is_full(

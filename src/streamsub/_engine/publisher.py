@@ -674,10 +674,26 @@ class TopicPublisher:
     def _close_batch(self) -> None:
         lone = self._batcher.lone
         ready = _Ready(self._batcher.take(), self._open_messages, self._open_bytes, lone=lone)
-        for part in self._per_node(ready):
-            self._ready.add(part.node, part.batch, part)
         self._open_messages = self._open_bytes = 0
         self._sticky.advance()
+        try:
+            parts = self._per_node(ready)
+        except Exception as exc:  # the backend could not say where its partitions go
+            # Nothing of the batch was sent: its publishes fail now rather than
+            # hang (the batch is in no queue), and the next batch tries again.
+            error = BackendError(
+                f"publishing to topic {self._topic.name!r}: routing a batch failed on an "
+                f"unexpected error ({exc!r}); its messages were not stored: publish them again"
+            )
+            error.__cause__ = exc
+            log.error("streamsub: %s", error)
+            self._queued_messages -= ready.messages  # the callers count theirs in after
+            self._queued_bytes -= ready.size
+            self._crowd.dropped(lone)
+            self._fail_batch(ready, error)
+            return
+        for part in parts:
+            self._ready.add(part.node, part.batch, part)
 
     def _fail(
         self, messages: Iterable[tuple[bytes, _Token]], exc: BaseException
