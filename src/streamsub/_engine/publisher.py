@@ -62,7 +62,11 @@ queues them, and gives it back as they are stored or fail.
 
 The flusher task is supervised: if it dies on an unexpected error, every
 publish waiting on it fails with a ``BackendError`` saying so, and the next
-publish starts a new one.
+publish starts a new one. No publish is left waiting by an unexpected error
+elsewhere either: a batch that the backend fails to route to its nodes is
+queued as it is and fails as a failed write does (``BackendError``, its keys
+paused), and a write whose answer cannot be handed out (ids missing) fails
+the publishes it has not answered.
 """
 
 from __future__ import annotations
@@ -328,6 +332,8 @@ class _Ready(NamedTuple):
     node: str | None = None
     lone: int = 0
     """Of ``messages``, the single publishes (``submit_one``)."""
+    unrouted: BackendError | None = None
+    """Why the batch could not be routed to its nodes: its write fails with it."""
 
 
 class TopicPublisher:
@@ -679,19 +685,18 @@ class TopicPublisher:
         try:
             parts = self._per_node(ready)
         except Exception as exc:  # the backend could not say where its partitions go
-            # Nothing of the batch was sent: its publishes fail now rather than
-            # hang (the batch is in no queue), and the next batch tries again.
+            # Queued as it is, and its write fails as a failed write does
+            # (_write): in the order of the writes, after the caller queued
+            # the rest of its call, so a paused key's later messages fail
+            # too. The next batch is routed anew.
             error = BackendError(
                 f"publishing to topic {self._topic.name!r}: routing a batch failed on an "
-                f"unexpected error ({exc!r}); its messages were not stored: publish them again"
+                f"unexpected error ({exc!r}); the batch was not written (a call's "
+                "messages in other batches may be stored): publish them again"
             )
             error.__cause__ = exc
             log.error("streamsub: %s", error)
-            self._queued_messages -= ready.messages  # the callers count theirs in after
-            self._queued_bytes -= ready.size
-            self._crowd.dropped(lone)
-            self._fail_batch(ready, error)
-            return
+            parts = [ready._replace(unrouted=error)]
         for part in parts:
             self._ready.add(part.node, part.batch, part)
 
@@ -754,7 +759,7 @@ class TopicPublisher:
                     batch[partition] = kept
             if not batch:
                 return None
-            return ready.node, batch, _Ready(batch, count, size, ready.node, lone)
+            return ready.node, batch, _Ready(batch, count, size, ready.node, lone, ready.unrouted)
 
         self._ready.rebuild(keep)
         self._pause(failed_keys)
@@ -929,6 +934,8 @@ class TopicPublisher:
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
         try:
             try:
+                if ready.unrouted is not None:
+                    raise ready.unrouted
                 results = await self._backend.append(self._topic, payload, links)
             finally:
                 # A round of writes ends: how many callers publish at once now.
@@ -948,6 +955,29 @@ class TopicPublisher:
         except BaseException as exc:
             self._fail_batch(ready, self._unexpected(exc))
             raise
+        try:
+            failed_keys, gone = await self._hand_out(batch, links, results)
+        except BaseException as exc:  # the rest fail rather than wait for ever
+            self._fail_batch(ready, self._unexpected(exc))
+            raise
+        self._gate.release(ready.messages, ready.size)
+        if gone is not None:
+            self._gone(gone)
+        if failed_keys:
+            self._pause(failed_keys)
+            # A deleted topic: nothing queued can be stored in it (and, were it
+            # made anew, not by this publisher's record of it).
+            self._drop_queued(gone)
+
+    async def _hand_out(
+        self,
+        batch: Batch[_Token],
+        links: dict[int, Link],
+        results: dict[int, list[str] | StreamsubError],
+    ) -> tuple[list[str | None], TopicNotFoundError | None]:
+        """Give each publish of a written batch its id or its partition's
+        error; return the keys of those that failed, and the error of a
+        deleted topic if the write found one."""
         failed_keys: list[str | None] = []
         gone: TopicNotFoundError | None = None
         stored = 0
@@ -985,14 +1015,7 @@ class TopicPublisher:
                 stored += at
         if stored:
             metrics.on_published(self._topic.name, stored)
-        self._gate.release(ready.messages, ready.size)
-        if gone is not None:
-            self._gone(gone)
-        if failed_keys:
-            self._pause(failed_keys)
-            # A deleted topic: nothing queued can be stored in it (and, were it
-            # made anew, not by this publisher's record of it).
-            self._drop_queued(gone)
+        return failed_keys, gone
 
     def _gone(self, exc: TopicNotFoundError) -> None:
         """The topic was deleted: say so once; later publishes here raise it."""
