@@ -7,6 +7,13 @@ client encodes a third. A reply error (a ``ResponseError``) answers only its own
 command; a broken connection fails every command in flight (each "may or may
 not" have run) and the next call opens a new connection.
 
+Replies are read in order by a reader task, or by a caller itself: a call
+made ``inline`` (the publisher's writes) reads the connection's replies up to
+its own when nothing else is reading, then leaves the rest to the reader
+task. A lone write so waits for its reply on the socket itself, two trips
+through the event loop fewer than through the reader task (benchmarks/README.md,
+"A lone write reads its own reply").
+
 A call may ask for a confirmation behind its commands (``WAIT`` or ``WAITAOF``,
 which covers every write the connection sent before it). Such a command
 blocks the connection at the server until it answers, so one per call would
