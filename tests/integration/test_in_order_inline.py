@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from streamsub._backends.redis._in_order import InOrderConnection
 from streamsub.testing import RedisServer
+from tests._wait import until
 
 pytestmark = pytest.mark.standalone  # one server's connection, not a cluster's
 
@@ -39,10 +40,11 @@ async def test_callers_reading_their_own_replies_each_get_theirs_in_order(
     consecutive (its commands ran together, in order), and the replies are
     1 to 5,000, each once. No reader is left behind."""
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
-    rng = random.Random(7)
     got: list[list[int]] = []
 
-    async def caller(inline: bool) -> None:
+    async def caller(n: int) -> None:
+        rng = random.Random(n)
+        inline = n % 2 == 0
         for _ in range(5):
             if rng.random() < 0.5:
                 await asyncio.sleep(rng.random() / 500)
@@ -51,7 +53,7 @@ async def test_callers_reading_their_own_replies_each_get_theirs_in_order(
 
     try:
         async with asyncio.timeout(20):
-            await asyncio.gather(*(caller(n % 2 == 0) for n in range(40)))
+            await asyncio.gather(*(caller(n) for n in range(40)))
         for replies in got:
             assert replies == list(range(replies[0], replies[0] + 25)), replies
         assert sorted(r for replies in got for r in replies) == list(range(1, 5001))
@@ -83,16 +85,15 @@ async def test_calls_sent_behind_a_caller_that_reads_get_their_replies(
     client: aioredis.Redis, inline: bool
 ) -> None:
     """While a caller reads its own reply (a BLPOP that waits 0.2 s), three
-    calls are sent behind it and their callers wait: once the first caller
-    has its reply it leaves the rest to a reader task, and each call gets its
-    own reply."""
+    calls are sent behind it, their callers reading too or not: once the
+    first caller has its reply it leaves the rest to a reader task, and each
+    call gets its own reply."""
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
     try:
         first = asyncio.ensure_future(
             connection.call_many([("BLPOP", "nothing-here", "0.2")], inline=True)
         )
-        await asyncio.sleep(0.05)
-        assert connection._inline, "the first caller reads its own reply"
+        await until(lambda: connection._inline, 5, "the first caller reading its own reply")
         behind = [
             asyncio.ensure_future(connection.call_many([("INCR", "behind")] * 3, inline=inline))
             for _ in range(3)
@@ -101,6 +102,7 @@ async def test_calls_sent_behind_a_caller_that_reads_get_their_replies(
             assert await first == [None]
             results = await asyncio.gather(*behind)
         assert sorted(results) == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+        assert connection._reader is not None, "the rest was left to a reader task"
     finally:
         await connection.close()
 
@@ -117,8 +119,7 @@ async def test_a_caller_cancelled_while_it_reads_fails_the_calls_behind_it(
         reading = asyncio.ensure_future(
             connection.call_many([("BLPOP", "nothing-here", "2")], inline=True)
         )
-        await asyncio.sleep(0.05)
-        assert connection._inline, "the first caller reads its own reply"
+        await until(lambda: connection._inline, 5, "the first caller reading its own reply")
         behind = [
             asyncio.ensure_future(connection.call_many([("INCR", "behind")], inline=inline))
             for inline in (True, False, True)
@@ -162,3 +163,26 @@ async def test_a_caller_reading_its_replies_keeps_the_socket_timeout(
         assert await connection.call_many([("PING",)], inline=True) == [b"PONG"]
     finally:
         await connection.close()
+
+
+async def test_closing_while_a_caller_reads_fails_its_call_and_those_behind(
+    client: aioredis.Redis,
+) -> None:
+    """The connection is closed while a caller reads its own reply (a BLPOP
+    that waits 2 s) with two calls sent behind it: all three calls end at
+    once with ConnectionError, none waits for ever."""
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
+    calls = [
+        asyncio.ensure_future(connection.call_many([("BLPOP", "nothing-here", "2")], inline=True))
+    ]
+    await until(lambda: connection._inline, 5, "the first caller reading its own reply")
+    calls += [
+        asyncio.ensure_future(connection.call_many([("INCR", "behind")], inline=inline))
+        for inline in (True, False)
+    ]
+    await until(lambda: len(connection._waiting) == 3, 5, "the calls behind it sent")
+    await connection.close()
+    async with asyncio.timeout(1):
+        results = await asyncio.gather(*calls)
+    for (reply,) in results:
+        assert isinstance(reply, redis.ConnectionError), reply

@@ -476,7 +476,10 @@ class InOrderConnection:
             task.cancel()
         self._confirming = None
         unconfirmed, self._unconfirmed = self._unconfirmed, []
-        for future, _ in unconfirmed:
+        waiting, self._waiting = self._waiting, collections.deque()
+        # Replies still due (a write in flight as its client closes) are not
+        # read any more: their calls fail, rather than wait for ever.
+        for future in [f for f, _ in unconfirmed] + [f for f, _ in waiting]:
             if not future.done():
                 future.set_exception(rexc.ConnectionError("the connection was closed"))
         if connection is not None:
