@@ -9,6 +9,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis
@@ -29,6 +30,23 @@ async def client(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+async def _reading(
+    connection: InOrderConnection, seconds: str, behind: list[bool], count: int = 1
+) -> tuple[asyncio.Task[list[Any]], list[asyncio.Task[list[Any]]]]:
+    """A caller reading its own reply to a BLPOP of ``seconds`` and, once it
+    reads, a call of ``count`` INCRs sent behind it for each of ``behind``
+    (whether its caller reads too)."""
+    first = asyncio.ensure_future(
+        connection.call_many([("BLPOP", "nothing-here", seconds)], inline=True)
+    )
+    await until(lambda: connection._inline, 5, "the first caller reading its own reply")
+    calls = [
+        asyncio.ensure_future(connection.call_many([("INCR", "behind")] * count, inline=inline))
+        for inline in behind
+    ]
+    return first, calls
 
 
 async def test_callers_reading_their_own_replies_each_get_theirs_in_order(
@@ -90,14 +108,7 @@ async def test_calls_sent_behind_a_caller_that_reads_get_their_replies(
     call gets its own reply."""
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
     try:
-        first = asyncio.ensure_future(
-            connection.call_many([("BLPOP", "nothing-here", "0.2")], inline=True)
-        )
-        await until(lambda: connection._inline, 5, "the first caller reading its own reply")
-        behind = [
-            asyncio.ensure_future(connection.call_many([("INCR", "behind")] * 3, inline=inline))
-            for _ in range(3)
-        ]
+        first, behind = await _reading(connection, "0.2", [inline] * 3, count=3)
         async with asyncio.timeout(2):
             assert await first == [None]
             results = await asyncio.gather(*behind)
@@ -116,15 +127,8 @@ async def test_a_caller_cancelled_while_it_reads_fails_the_calls_behind_it(
     waits for the BLPOP; the next call goes on a new connection."""
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
     try:
-        reading = asyncio.ensure_future(
-            connection.call_many([("BLPOP", "nothing-here", "2")], inline=True)
-        )
-        await until(lambda: connection._inline, 5, "the first caller reading its own reply")
-        behind = [
-            asyncio.ensure_future(connection.call_many([("INCR", "behind")], inline=inline))
-            for inline in (True, False, True)
-        ]
-        await asyncio.sleep(0.05)
+        reading, behind = await _reading(connection, "2", [True, False, True])
+        await until(lambda: len(connection._waiting) == 4, 5, "the calls behind it sent")
         started = time.monotonic()
         reading.cancel()
         async with asyncio.timeout(1):
@@ -149,11 +153,7 @@ async def test_a_caller_reading_its_replies_keeps_the_socket_timeout(
     connection = InOrderConnection(client, timeout=0.3, health_check_interval=3600.0)
     try:
         started = time.monotonic()
-        first = asyncio.ensure_future(
-            connection.call_many([("BLPOP", "nothing-here", "2")], inline=True)
-        )
-        await asyncio.sleep(0.01)
-        second = asyncio.ensure_future(connection.call_many([("INCR", "late")], inline=True))
+        first, (second,) = await _reading(connection, "2", [True])
         async with asyncio.timeout(2):
             (reply,) = await first
             (behind,) = await second
@@ -172,14 +172,8 @@ async def test_closing_while_a_caller_reads_fails_its_call_and_those_behind(
     that waits 2 s) with two calls sent behind it: all three calls end at
     once with ConnectionError, none waits for ever."""
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
-    calls = [
-        asyncio.ensure_future(connection.call_many([("BLPOP", "nothing-here", "2")], inline=True))
-    ]
-    await until(lambda: connection._inline, 5, "the first caller reading its own reply")
-    calls += [
-        asyncio.ensure_future(connection.call_many([("INCR", "behind")], inline=inline))
-        for inline in (True, False)
-    ]
+    first, behind = await _reading(connection, "2", [True, False])
+    calls = [first, *behind]
     await until(lambda: len(connection._waiting) == 3, 5, "the calls behind it sent")
     await connection.close()
     async with asyncio.timeout(1):
