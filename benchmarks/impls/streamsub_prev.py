@@ -188,13 +188,3 @@ class StreamsubBeforeSplit(StreamsubPrevious):
     name = "streamsub-pre-split"
     commit: ClassVar[str] = "adbfcdd"
     _extracted: ClassVar[Path | None] = None
-
-
-class StreamsubBeforeInlineRead(StreamsubPrevious):
-    """streamsub at ``c6fb584``, the last commit whose writes left every reply
-    to the in-order connection's reader task: the "before" of "A lone write
-    reads its own reply", in the same run."""
-
-    name = "streamsub-pre-inline"
-    commit: ClassVar[str] = "c6fb584"
-    _extracted: ClassVar[Path | None] = None

@@ -168,3 +168,28 @@ async def test_more_concurrent_commands_than_connections_wait_for_one(
         assert await asyncio.gather(*reads) == [[], []]
     finally:
         await backend.close()
+
+
+@pytest.mark.standalone  # one server's connection
+async def test_closing_the_publishing_connection_fails_the_calls_in_flight(
+    server: RedisServer,
+) -> None:
+    """The publishing connection is closed with three calls in flight (a BLPOP
+    that waits 2 s, two INCRs behind it): each call ends at once with
+    ConnectionError, none waits for ever for a reply nobody reads."""
+    client = aioredis.Redis.from_url(server.url, socket_timeout=5)
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
+    try:
+        calls = [
+            asyncio.ensure_future(connection.call_many([command]))
+            for command in (("BLPOP", "nothing-here", "2"), ("INCR", "n"), ("INCR", "n"))
+        ]
+        await until(lambda: len(connection._waiting) == 3, 5, "three calls in flight")
+        await connection.close()
+        async with asyncio.timeout(1):
+            results = await asyncio.gather(*calls)
+        for (reply,) in results:
+            assert isinstance(reply, redis.ConnectionError), reply
+    finally:
+        await connection.close()
+        await client.aclose()

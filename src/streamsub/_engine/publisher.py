@@ -884,9 +884,7 @@ class TopicPublisher:
     def _start(self, ready: _Ready, loop: asyncio.AbstractEventLoop) -> None:
         """Start the write of ``ready``: started in order, written in order (the
         backend sends each write behind the previous one on its node's
-        connection). Nothing cancels a write task: it may be reading the
-        replies of the writes behind it on its connection (``_in_order``), and
-        a read cut short drops the connection under them."""
+        connection)."""
         self._queued_messages -= ready.messages
         self._queued_bytes -= ready.size
         links = self._links(ready)

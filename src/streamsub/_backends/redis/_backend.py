@@ -942,9 +942,8 @@ class RedisBackend:
         """Send the appends in order on the in-order connection, ``after`` (a WAIT
         or WAITAOF, maybe shared with other calls') behind them; return their
         replies, and ``after``'s with the indexes of the appends it confirms
-        (every one: a single server stored them all). The publisher's write
-        task reads the replies itself when nothing else does (``inline``)."""
-        replies = await self._appender.call_many(commands, after, inline=True)
+        (every one: a single server stored them all)."""
+        replies = await self._appender.call_many(commands, after)
         if not after:
             return replies, []
         return replies[:-1], [(replies[-1], list(range(len(commands))))]

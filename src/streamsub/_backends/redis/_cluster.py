@@ -457,9 +457,6 @@ class _ClusterAppender:
                 todo = []
                 stored: dict[str, list[int]] = {}
                 for i, name, asking, future in sent:
-                    connection = self._connections.get(name)
-                    if connection is not None:  # read here if nothing else reads
-                        await connection.read_until(future)
                     try:
                         replies[i] = await future
                         stored.setdefault(name, []).append(i)
@@ -797,7 +794,7 @@ class _ClusterAppender:
                 batch += [("ASKING",), commands[i]] if asking else [commands[i]]
             try:
                 connection = await self._connection(name)
-                futures = await connection.send_many(batch, after, connect=connect, inline=True)
+                futures = await connection.send_many(batch, after, connect=connect)
             except NotReady:  # nothing sent: made ready outside the lock next try
                 again += [(i, None, False) for i, _ in items]
                 continue

@@ -7,13 +7,6 @@ client encodes a third. A reply error (a ``ResponseError``) answers only its own
 command; a broken connection fails every command in flight (each "may or may
 not" have run) and the next call opens a new connection.
 
-Replies are read in order by a reader task, or by a caller itself: a call
-made ``inline`` (the publisher's writes) reads the connection's replies up to
-its own when nothing else is reading, then leaves the rest to the reader
-task. A lone write so waits for its reply on the socket itself, two trips
-through the event loop fewer than through the reader task (benchmarks/README.md,
-"A lone write reads its own reply").
-
 A call may ask for a confirmation behind its commands (``WAIT`` or ``WAITAOF``,
 which covers every write the connection sent before it). Such a command
 blocks the connection at the server until it answers, so one per call would
@@ -147,8 +140,6 @@ class InOrderConnection:
         self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._send_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
-        self._inline = False
-        """A caller reads the replies itself (:meth:`read_until`)."""
         self._last_used = 0.0
         # The confirmation outstanding on the connection (its reply's future
         # and the calls it covers), and the calls sent after it that wait for
@@ -165,20 +156,12 @@ class InOrderConnection:
         )
 
     async def call_many(
-        self,
-        commands: list[tuple[Any, ...]],
-        confirm: tuple[Any, ...] | None = None,
-        *,
-        inline: bool = False,
+        self, commands: list[tuple[Any, ...]], confirm: tuple[Any, ...] | None = None
     ) -> list[Any]:
         """Send commands behind those already sent, in one write; return their
         replies (an error reply as the exception, in its place), and with
-        ``confirm`` the reply of the confirmation that covers them, last.
-        ``inline``: read the replies here when nothing else reads them (see
-        :meth:`read_until`)."""
-        futures = await self.send_many(commands, confirm, inline=inline)
-        if inline and confirm is None:
-            await self.read_until(futures[-1])
+        ``confirm`` the reply of the confirmation that covers them, last."""
+        futures = await self.send_many(commands, confirm)
         # Awaited in turn, not gathered: the replies come in this order, and a
         # gather would cost the caller another trip through the event loop.
         replies: list[Any] = []
@@ -199,7 +182,6 @@ class InOrderConnection:
         confirm: tuple[Any, ...] | None = None,
         *,
         connect: bool = True,
-        inline: bool = False,
     ) -> list[asyncio.Future[Any]]:
         """Send commands behind those already sent, in one write; return the
         futures of their replies (set to the exception for an error reply),
@@ -212,10 +194,7 @@ class InOrderConnection:
         With ``connect=False`` it raises :class:`NotReady`, sending nothing,
         where it would first connect or PING an idle connection (or wait for
         a :meth:`ready` doing so): such a caller makes the connection ready
-        outside its lock. With ``inline`` (and no ``confirm``) the caller
-        means to read the replies itself (:meth:`read_until`): the reader
-        task starts only at the end of this step of the event loop, if
-        nobody reads by then (a caller cancelled before it reads)."""
+        outside its lock."""
         if not connect and not self.usable():
             raise NotReady("the connection is not ready: nothing was sent")
         loop = asyncio.get_running_loop()
@@ -250,10 +229,8 @@ class InOrderConnection:
                     await self._broken(connection, exc)
                     raise
                 self._last_used = loop.time()
-                if inline and confirm is None:
-                    loop.call_soon(self._ensure_reader)
-                else:
-                    self._ensure_reader()
+                if self._reader is None or self._reader.done():
+                    self._reader = loop.create_task(self._read(connection))
         except TimeoutError:  # asyncio's, from timeout_at: connecting or sending stalled
             raise self._timed_out() from None
         finally:
@@ -318,46 +295,8 @@ class InOrderConnection:
                     raise
                 return
             self._last_used = loop.time()
-            self._ensure_reader()
-
-    def _ensure_reader(self) -> None:
-        """Start the reader task if replies are due and nothing reads them."""
-        connection = self._connection
-        if (
-            connection is not None
-            and self._waiting
-            and not self._inline
-            and (self._reader is None or self._reader.done())
-        ):
-            self._reader = asyncio.get_running_loop().create_task(self._read(connection))
-
-    async def read_until(self, future: asyncio.Future[Any]) -> None:
-        """Read replies here, in order, until ``future`` (one of this
-        connection's, from :meth:`send_many` with ``inline``) is done, when
-        no reader is at work; then leave the rest to the reader task. A lone
-        write so waits for its reply itself: the reader task's start and its
-        handing the reply over cost it two more trips through the event loop.
-        A caller cancelled while it reads breaks the connection (the reply
-        was cut), failing every call in flight on it, as the reader task's
-        cancellation does."""
-        connection = self._connection
-        if (
-            future.done()
-            or connection is None
-            or self._inline
-            or not self._waiting
-            or not (self._reader is None or self._reader.done())
-        ):
-            return
-        loop = asyncio.get_running_loop()
-        self._inline = True
-        try:
-            while not future.done() and self._waiting and connection is self._connection:
-                if not await self._read_one(connection, loop):
-                    return
-        finally:
-            self._inline = False
-            self._ensure_reader()
+            if self._reader is None or self._reader.done():
+                self._reader = loop.create_task(self._read(connection))
 
     def usable(self) -> bool:
         """Whether a send now would go at once: connected, and not idle long
@@ -404,33 +343,26 @@ class InOrderConnection:
     async def _read(self, connection: Any) -> None:
         loop = asyncio.get_running_loop()
         while self._waiting and connection is self._connection:
-            if not await self._read_one(connection, loop):
+            try:
+                async with asyncio.timeout_at(self._waiting[0][1]):
+                    reply = await connection.read_response()
+            except rexc.ResponseError as exc:
+                future, _ = self._waiting.popleft()
+                if not future.done():
+                    future.set_exception(exc)
+            except TimeoutError:  # asyncio's: the oldest reply is overdue
+                await self._broken(connection, self._timed_out())
                 return
-
-    async def _read_one(self, connection: Any, loop: asyncio.AbstractEventLoop) -> bool:
-        """Read the oldest reply due into its future; False when that broke
-        the connection (every call in flight on it failed)."""
-        try:
-            async with asyncio.timeout_at(self._waiting[0][1]):
-                reply = await connection.read_response()
-        except rexc.ResponseError as exc:
-            future, _ = self._waiting.popleft()
-            if not future.done():
-                future.set_exception(exc)
-        except TimeoutError:  # asyncio's: the oldest reply is overdue
-            await self._broken(connection, self._timed_out())
-            return False
-        except BaseException as exc:
-            await self._broken(connection, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return False
-        else:
-            future, _ = self._waiting.popleft()
-            if not future.done():
-                future.set_result(reply)
-        self._last_used = loop.time()
-        return True
+            except BaseException as exc:
+                await self._broken(connection, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            else:
+                future, _ = self._waiting.popleft()
+                if not future.done():
+                    future.set_result(reply)
+            self._last_used = loop.time()
 
     async def _broken(self, connection: Any, exc: BaseException) -> None:
         if connection is not self._connection:
