@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-pre-lone": "impls.streamsub_prev:StreamsubBeforeLonePublish",
     "streamsub-tasks": "impls.streamsub_prev:StreamsubTaskPerHandler",
     "streamsub-pre-split": "impls.streamsub_prev:StreamsubBeforeSplit",
+    "streamsub-pre-inline": "impls.streamsub_prev:StreamsubBeforeInlineRead",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

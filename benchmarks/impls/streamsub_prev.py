@@ -188,3 +188,13 @@ class StreamsubBeforeSplit(StreamsubPrevious):
     name = "streamsub-pre-split"
     commit: ClassVar[str] = "adbfcdd"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubBeforeInlineRead(StreamsubPrevious):
+    """streamsub at ``c6fb584``, the code before the write that read its own
+    reply (tried and reverted: benchmarks/README.md, "A write that reads its
+    own reply, tried"), measured beside it; its publish path is main's."""
+
+    name = "streamsub-pre-inline"
+    commit: ClassVar[str] = "c6fb584"
+    _extracted: ClassVar[Path | None] = None
