@@ -370,20 +370,18 @@ class InOrderConnection:
         self._connection = None
         # What waits for a confirmation was sent on this connection: another
         # connection's cannot cover it.
+        self._fail_due(exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc)))
+        await self._give_back(connection)
+
+    def _fail_due(self, exc: Exception) -> None:
+        """Fail every call whose reply or confirmation is still due: nothing
+        will read them on this connection."""
         self._confirming = None
         unconfirmed, self._unconfirmed = self._unconfirmed, []
         waiting, self._waiting = self._waiting, collections.deque()
-        for future, _ in unconfirmed:
+        for future in [f for f, _ in unconfirmed] + [f for f, _ in waiting]:
             if not future.done():
-                future.set_exception(
-                    exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc))
-                )
-        for future, _ in waiting:
-            if not future.done():
-                future.set_exception(
-                    exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc))
-                )
-        await self._give_back(connection)
+                future.set_exception(exc)
 
     async def _give_back(self, connection: Any) -> None:
         """Close ``connection`` without waiting on its peer, and return it to the pool.
@@ -406,13 +404,8 @@ class InOrderConnection:
             self._reader.cancel()
         for task in list(self._confirm_tasks):
             task.cancel()
-        self._confirming = None
-        unconfirmed, self._unconfirmed = self._unconfirmed, []
-        waiting, self._waiting = self._waiting, collections.deque()
         # Replies still due (a write in flight as its client closes) are not
         # read any more: their calls fail, rather than wait for ever.
-        for future in [f for f, _ in unconfirmed] + [f for f, _ in waiting]:
-            if not future.done():
-                future.set_exception(rexc.ConnectionError("the connection was closed"))
+        self._fail_due(rexc.ConnectionError("the connection was closed"))
         if connection is not None:
             await self._give_back(connection)
