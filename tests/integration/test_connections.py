@@ -193,3 +193,96 @@ async def test_closing_the_publishing_connection_fails_the_calls_in_flight(
     finally:
         await connection.close()
         await client.aclose()
+
+
+@pytest.mark.standalone  # one server's connection
+async def test_calls_sent_while_the_broken_connections_reader_ends_get_their_replies(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server kills the publishing connection while a call waits on it; the
+    reader, giving the broken connection back to the pool, is held there. Ten
+    calls sent meanwhile go out once it has ended, on a new connection, and
+    each gets its reply: none waits for ever for a reader nobody started."""
+    client = aioredis.Redis.from_url(server.url, socket_timeout=5)
+    admin = aioredis.Redis.from_url(server.url)
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
+    pool = client.connection_pool
+    release, gate = pool.release, asyncio.Event()
+
+    async def held(returned: object) -> None:
+        await gate.wait()
+        await release(returned)
+
+    try:
+        await admin.delete("after-the-break")
+        (client_id,) = await connection.call_many([("CLIENT", "ID")])
+        monkeypatch.setattr(pool, "release", held)
+        blocked = asyncio.ensure_future(connection.call_many([("BLPOP", "nothing-here", "5")]))
+        await until(lambda: len(connection._waiting) == 1, 5, "BLPOP in flight")
+        await asyncio.sleep(0.05)  # its reader waits for the reply
+        await admin.client_kill_filter(_id=client_id)
+        async with asyncio.timeout(2):
+            (lost,) = await blocked
+        assert isinstance(lost, redis.ConnectionError), lost
+        calls = [
+            asyncio.ensure_future(connection.call_many([("INCR", "after-the-break")]))
+            for _ in range(10)
+        ]
+        await asyncio.sleep(0.2)  # the reader is still held, giving the old one back
+        gate.set()
+        async with asyncio.timeout(2):
+            replies = [reply for (reply,) in await asyncio.gather(*calls)]
+        assert sorted(replies) == list(range(1, 11))
+    finally:
+        gate.set()
+        await connection.close()
+        await client.aclose()
+        await admin.aclose()
+
+
+@pytest.mark.standalone  # a TCP proxy in front of the one server
+async def test_a_reader_left_waiting_on_a_dead_socket_does_not_touch_the_next_connection(
+    server: RedisServer, proxy: Proxy
+) -> None:
+    """The publishing connection goes silent (dropped by the network) with ten
+    calls in flight; a large write behind them stalls and its caller cancels it,
+    which breaks the connection. Its reader still waits on the dead socket (the
+    socket cannot close before its unsent bytes go). Ten new calls go out on a
+    new connection at once and get their replies: the old reader neither keeps
+    them waiting until its time limit nor, as that limit passes, disconnects the
+    pool's connection object, which the new connection reuses."""
+    port = await proxy.start("127.0.0.1", server.port)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
+    admin = aioredis.Redis.from_url(server.url)
+    connection = InOrderConnection(client, timeout=3.0, health_check_interval=3600.0)
+    try:
+        await admin.delete("counted")
+        assert await connection.call_many([("PING",)]) == [b"PONG"]
+        proxy.drop()
+        lost = [
+            asyncio.ensure_future(connection.call_many([("INCR", "counted")])) for _ in range(10)
+        ]
+        await until(lambda: len(connection._waiting) == 10, 5, "ten calls in flight")
+        await asyncio.sleep(0.05)  # their reader waits for the first reply
+        stalled = asyncio.ensure_future(
+            connection.call_many([("SET", "large", b"x" * (64 << 20))])
+        )
+        await asyncio.sleep(0.3)  # its write fills the socket's buffers, then waits
+        assert not stalled.done()
+        stalled.cancel()
+        for call in lost:
+            (reply,) = await call
+            assert isinstance(reply, redis.ConnectionError), reply
+        started = time.monotonic()
+        async with asyncio.timeout(1):
+            replies = await asyncio.gather(
+                *(connection.call_many([("INCR", "counted")]) for _ in range(10))
+            )
+        assert sorted(reply for (reply,) in replies) == list(range(1, 11))
+        assert time.monotonic() - started < 1
+        await asyncio.sleep(3)  # past the old reader's time limit
+        assert await connection.call_many([("INCR", "counted")]) == [11]
+    finally:
+        await connection.close()
+        await client.aclose()
+        await admin.aclose()

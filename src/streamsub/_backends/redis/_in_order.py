@@ -140,6 +140,7 @@ class InOrderConnection:
         self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._send_lock = asyncio.Lock()
         self._reader: asyncio.Task[None] | None = None
+        self._reading = False  # the reader waits for a reply (not in _broken)
         self._last_used = 0.0
         # The confirmation outstanding on the connection (its reply's future
         # and the calls it covers), and the calls sent after it that wait for
@@ -324,7 +325,7 @@ class InOrderConnection:
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
         if connection is None:
-            connection = self._connection = await take_connection(self._pool)
+            connection = await self._take()
         elif not self._waiting and loop.time() - self._last_used > self._health_check_interval:
             # Idle long enough to have died unseen (a NAT, a failover). Nothing
             # is in flight, so PING's reply is the next one on the connection.
@@ -333,19 +334,41 @@ class InOrderConnection:
                 await connection.read_response()
             except rexc.ConnectionError as exc:  # reset while idle: take a fresh one
                 await self._broken(connection, exc)
-                connection = self._connection = await take_connection(self._pool)
+                connection = await self._take()
             except BaseException as exc:
                 await self._broken(connection, exc)
                 raise
         self._last_used = loop.time()
         return connection
 
+    async def _take(self) -> Any:
+        """A new connection, once the reader of the last one has ended.
+
+        A send starts a reader only while none runs, and the pool may hand
+        back the very ``Connection`` object that broke: a reader still ending
+        (giving the broken connection back) would leave the new connection's
+        replies unread, and one still waiting on the broken socket would, as
+        its read failed, disconnect the same object, now on a new socket.
+        A reader waiting for a reply is cancelled (its connection is gone);
+        one giving its connection back ends by itself, at once."""
+        reader = self._reader
+        if reader is not None and not reader.done():
+            if self._reading:
+                reader.cancel()
+            await asyncio.wait([reader])
+        self._connection = await take_connection(self._pool)
+        return self._connection
+
     async def _read(self, connection: Any) -> None:
         loop = asyncio.get_running_loop()
         while self._waiting and connection is self._connection:
             try:
-                async with asyncio.timeout_at(self._waiting[0][1]):
-                    reply = await connection.read_response()
+                self._reading = True
+                try:
+                    async with asyncio.timeout_at(self._waiting[0][1]):
+                        reply = await connection.read_response()
+                finally:
+                    self._reading = False
             except rexc.ResponseError as exc:
                 future, _ = self._waiting.popleft()
                 if not future.done():
