@@ -264,9 +264,7 @@ async def test_a_reader_left_waiting_on_a_dead_socket_does_not_touch_the_next_co
         ]
         await until(lambda: len(connection._waiting) == 10, 5, "ten calls in flight")
         await asyncio.sleep(0.05)  # their reader waits for the first reply
-        stalled = asyncio.ensure_future(
-            connection.call_many([("SET", "large", b"x" * (64 << 20))])
-        )
+        stalled = asyncio.ensure_future(connection.call_many([("SET", "large", b"x" * (64 << 20))]))
         await asyncio.sleep(0.3)  # its write fills the socket's buffers, then waits
         assert not stalled.done()
         stalled.cancel()
