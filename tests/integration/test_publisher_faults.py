@@ -65,6 +65,28 @@ class _RoutingFailsOnce(TEST_BACKEND):
         return super().write_groups(topic, partitions)
 
 
+class _MisplacesOnce(TEST_BACKEND):
+    """Its first ``write_groups`` leaves a batch's last partition out
+    (``omits``), or places its first partition on two nodes (``twice``);
+    later ones work."""
+
+    def __init__(self, url: str, how: str) -> None:
+        super().__init__(url)
+        self.how = how
+        self.failed = False
+
+    def write_groups(
+        self, topic: TopicRecord, partitions: Iterable[int]
+    ) -> dict[str | None, list[int]] | None:
+        if self.failed:
+            return super().write_groups(topic, partitions)
+        self.failed = True
+        placed = list(partitions)
+        if self.how == "omits":
+            return {"node-a": placed[:-1]}
+        return {"node-a": placed, "node-b": placed[:1]}
+
+
 class _ShortOnce(TEST_BACKEND):
     """Its first append's answer lacks the last id of one partition; later ones are whole."""
 
@@ -214,17 +236,22 @@ async def test_a_keyed_call_whose_first_batch_cannot_be_routed_stores_none_of_it
 
 
 @pytest.mark.parametrize("shape", ["single", "many"])
+@pytest.mark.parametrize("routing", ["raises", "omits", "twice"])
 async def test_publishes_in_a_batch_that_cannot_be_routed_fail_and_later_ones_are_stored(
-    server: RedisServer, redis_client: redis.Redis, shape: str
+    server: RedisServer, redis_client: redis.Redis, shape: str, routing: str
 ) -> None:
-    """The first batch's routing fails on an unexpected error, with 30 single
-    publishes queued in one step, or a ``publish_many`` of 300 messages of
-    data alone (written a chunk at a time) in batches of 10: the publishes of
-    that batch raise BackendError saying so, none hangs, the publisher's queue
-    and flow control's room are given back, and the publishes after it are
-    stored, each id once."""
+    """The first batch's routing fails on an unexpected error, or places a
+    partition nowhere or twice, with 30 single publishes queued in one step,
+    or a ``publish_many`` of 300 messages of data alone (written a chunk at a
+    time) in batches of 10: the publishes of that batch raise BackendError
+    saying so, none hangs, the publisher's queue and flow control's room are
+    given back, and the publishes after it are stored, each id once."""
     redis_client.flushall()
-    backend = _RoutingFailsOnce(server.url)
+    backend = (
+        _RoutingFailsOnce(server.url)
+        if routing == "raises"
+        else _MisplacesOnce(server.url, routing)
+    )
     async with streamsub.Client(
         backend, batch_settings=streamsub.BatchSettings(max_messages=10)
     ) as client:

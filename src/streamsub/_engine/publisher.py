@@ -908,6 +908,13 @@ class TopicPublisher:
         if groups is None:
             self._one_server = True  # a backend's servers do not change kind
             return [ready]
+        placed = [partition for group in groups.values() for partition in group]
+        if len(placed) != len(batch) or not batch.keys() == set(placed):
+            # Written as placed, a partition left out would be lost unanswered.
+            raise RuntimeError(
+                f"write_groups placed partitions {sorted(placed)} for a batch of "
+                f"{sorted(batch)}: each must be placed once"
+            )
         for node, group in groups.items():
             for partition in group:
                 self._node_of[partition] = node
