@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import streamsub
-from streamsub._backends.base import Link, TopicRecord
+from streamsub._backends.base import BrokenLinkError, Link, TopicRecord
 from streamsub._core.codec import encode
 from streamsub._engine.publisher import MAX_IN_FLIGHT, PublishGate, TopicPublisher
 from streamsub._errors import (
@@ -132,6 +132,41 @@ class _Gated(TEST_BACKEND):
         return await super().append(topic, batch, links)
 
 
+class _HeldFirstDies(TEST_BACKEND):
+    """Appends wait until :meth:`open` (a slow backend); the first then raises
+    a non-streamsub error, the others go on. Counts the appends under way."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.opened = asyncio.Event()
+        self.first = asyncio.Event()
+        self.calls = 0
+        self.active = 0
+        self.most_active = 0
+
+    def open(self) -> None:
+        self.first.set()
+        self.opened.set()
+
+    async def append(
+        self,
+        topic: TopicRecord,
+        batch: Mapping[int, bytes],
+        links: Mapping[int, Link] | None = None,
+    ) -> dict[int, list[str] | StreamsubError]:
+        self.calls += 1
+        first = self.calls == 1
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            await (self.first if first else self.opened).wait()
+            if first:
+                raise RuntimeError("boom")
+            return await super().append(topic, batch, links)
+        finally:
+            self.active -= 1
+
+
 def _stored(redis_client: redis.Redis, topic: str, partitions: int) -> set[str]:
     return {
         f"{p}-{entry_id.decode()}"
@@ -178,6 +213,53 @@ async def test_a_dying_flusher_fails_waiting_publishes_and_the_next_publish_rest
             after = await client.publish_many("flaky", [b"after"])
         stored = [i for r in results if isinstance(r, list) for i in r] + after
     assert set(stored) <= _stored(redis_client, "flaky", 2)
+
+
+async def test_a_restarted_flusher_counts_and_waits_for_the_writes_its_predecessor_left(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """Four writes are in flight (the most a publisher has) when the first dies
+    on an unexpected error, taking the flusher with it. The next calls start a
+    new flusher, which counts the three still in flight: no more than four
+    writes are ever under way. The client is closed while those three are held:
+    the close waits for them: each of their calls is stored, or was linked
+    behind the write that died on its partition and stored nothing."""
+    redis_client.flushall()
+    backend = _HeldFirstDies(server.url)
+    async with (
+        asyncio.timeout(15),  # a close that waits for ever fails here
+        streamsub.Client(
+            backend, batch_settings=streamsub.BatchSettings(max_messages=10)
+        ) as client,
+    ):
+        await client.create_topic("held", partitions=2)
+
+        def call(name: str) -> asyncio.Future[list[str]]:
+            return asyncio.ensure_future(
+                client.publish_many("held", [b"%s-%d" % (name.encode(), i) for i in range(10)])
+            )
+
+        first = [call(f"first-{c}") for c in range(MAX_IN_FLIGHT)]
+        await until(lambda: backend.active == MAX_IN_FLIGHT, 5, "four writes in flight")
+        backend.first.set()  # the first write dies, and the flusher with it
+        with pytest.raises(streamsub.BackendError, match="unexpected error"):
+            await first[0]
+        later = [call(f"later-{c}") for c in range(MAX_IN_FLIGHT)]
+        await until(lambda: backend.calls > MAX_IN_FLIGHT, 5, "a new flusher writes")
+        await asyncio.sleep(0.1)  # it would start the rest of its writes now
+        assert backend.most_active == MAX_IN_FLIGHT
+        asyncio.get_running_loop().call_later(0.3, backend.open)
+    # Closed: the close waited for every write in flight, its predecessor's too.
+    async with asyncio.timeout(5):
+        results = await asyncio.gather(*first[1:], *later, return_exceptions=True)
+    for result in results:
+        assert isinstance(result, list | BrokenLinkError), result
+    # The calls on the other of the two partitions, at least, were linked behind no failure.
+    assert sum(isinstance(result, list) for result in results) >= 2
+    assert backend.most_active == MAX_IN_FLIGHT
+    assert {i for r in results if isinstance(r, list) for i in r} == _stored(
+        redis_client, "held", 2
+    )
 
 
 def _ids(results: list[object]) -> list[str]:

@@ -819,8 +819,12 @@ class TopicPublisher:
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
-        in_flight = self._in_flight = {}  # a flusher that died left its own
+        # A flusher that died left writes in flight: this one counts them (at
+        # most MAX_IN_FLIGHT a node, ever) and, closing, waits for them.
+        in_flight = self._in_flight
         busy: dict[str | None, int] = {}
+        for node in in_flight.values():
+            busy[node] = busy.get(node, 0) + 1
         self._busy = busy
         while True:
             for task in [task for task in in_flight if task.done()]:
