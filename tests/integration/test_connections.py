@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 import streamsub
 from streamsub._backends.base import TopicRecord
 from streamsub._backends.redis._backend import MAX_READ_BLOCK, SOCKET_TIMEOUT
-from streamsub._backends.redis._in_order import InOrderConnection, NotReady
+from streamsub._backends.redis._in_order import InOrderConnection, NotReady, take_connection
 from streamsub.testing import RedisServer
 from tests._layout import backend_class, stream_key
 from tests._proxy import Proxy
@@ -241,20 +241,22 @@ async def test_calls_sent_while_the_broken_connections_reader_ends_get_their_rep
 
 
 @pytest.mark.standalone  # a TCP proxy in front of the one server
-async def test_a_reader_left_waiting_on_a_dead_socket_does_not_touch_the_next_connection(
+async def test_a_reader_left_waiting_on_a_dead_socket_touches_no_later_connection(
     server: RedisServer, proxy: Proxy
 ) -> None:
     """The publishing connection goes silent (dropped by the network) with ten
     calls in flight; a large write behind them stalls and its caller cancels it,
-    which breaks the connection. Its reader still waits on the dead socket (the
-    socket cannot close before its unsent bytes go). Ten new calls go out on a
-    new connection at once and get their replies: the old reader neither keeps
-    them waiting until its time limit nor, as that limit passes, disconnects the
-    pool's connection object, which the new connection reuses."""
+    which breaks the connection, while its reader waits on the dead socket
+    (which cannot close before its unsent bytes go). Another command of the
+    client takes the pool's connection object at once, and ten new calls go
+    out on a new connection and get their replies within the time limit. Past
+    the old reader's time limit, the other command's connection is still the
+    one it opened: the old reader disconnected nothing it did not own."""
     port = await proxy.start("127.0.0.1", server.port)
     client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
     admin = aioredis.Redis.from_url(server.url)
-    connection = InOrderConnection(client, timeout=3.0, health_check_interval=3600.0)
+    connection = InOrderConnection(client, timeout=2.0, health_check_interval=3600.0)
+    other = None
     try:
         await admin.delete("counted")
         assert await connection.call_many([("PING",)]) == [b"PONG"]
@@ -271,16 +273,24 @@ async def test_a_reader_left_waiting_on_a_dead_socket_does_not_touch_the_next_co
         for call in lost:
             (reply,) = await call
             assert isinstance(reply, redis.ConnectionError), reply
-        started = time.monotonic()
-        async with asyncio.timeout(1):
+        other = await take_connection(client.connection_pool)
+
+        async def other_id() -> object:
+            await other.send_command("CLIENT", "ID")
+            return await other.read_response()
+
+        first_id = await other_id()
+        async with asyncio.timeout(1.5):  # within the old reader's time limit
             replies = await asyncio.gather(
                 *(connection.call_many([("INCR", "counted")]) for _ in range(10))
             )
         assert sorted(reply for (reply,) in replies) == list(range(1, 11))
-        assert time.monotonic() - started < 1
-        await asyncio.sleep(3)  # past the old reader's time limit
+        await asyncio.sleep(2.2)  # past the old reader's time limit
+        assert await other_id() == first_id
         assert await connection.call_many([("INCR", "counted")]) == [11]
     finally:
+        if other is not None:
+            await client.connection_pool.release(other)
         await connection.close()
         await client.aclose()
         await admin.aclose()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import pytest
 import redis
@@ -67,8 +67,8 @@ class _RoutingFailsOnce(TEST_BACKEND):
 
 class _MisplacesOnce(TEST_BACKEND):
     """Its first ``write_groups`` leaves a batch's last partition out
-    (``omits``), or places its first partition on two nodes (``twice``);
-    later ones work."""
+    (``omits``), places its first partition on two nodes (``twice``), or names
+    a node with no partition (``empty``); later ones work."""
 
     def __init__(self, url: str, how: str) -> None:
         super().__init__(url)
@@ -84,6 +84,8 @@ class _MisplacesOnce(TEST_BACKEND):
         placed = list(partitions)
         if self.how == "omits":
             return {"node-a": placed[:-1]}
+        if self.how == "empty":
+            return {"node-a": placed, "node-b": []}
         return {"node-a": placed, "node-b": placed[:1]}
 
 
@@ -132,12 +134,14 @@ class _Gated(TEST_BACKEND):
         return await super().append(topic, batch, links)
 
 
-class _HeldFirstDies(TEST_BACKEND):
-    """Appends wait until :meth:`open` (a slow backend); the first then raises
-    a non-streamsub error, the others go on. Counts the appends under way."""
+class _HeldSomeDie(TEST_BACKEND):
+    """Appends wait until :meth:`open` (a slow backend), the first ``dying``
+    of them until ``first`` is set; those then raise a non-streamsub error,
+    the others go on. Counts the appends under way."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, dying: int = 1) -> None:
         super().__init__(url)
+        self.dying = dying
         self.opened = asyncio.Event()
         self.first = asyncio.Event()
         self.calls = 0
@@ -155,12 +159,12 @@ class _HeldFirstDies(TEST_BACKEND):
         links: Mapping[int, Link] | None = None,
     ) -> dict[int, list[str] | StreamsubError]:
         self.calls += 1
-        first = self.calls == 1
+        dies = self.calls <= self.dying
         self.active += 1
         self.most_active = max(self.most_active, self.active)
         try:
-            await (self.first if first else self.opened).wait()
-            if first:
+            await (self.first if dies else self.opened).wait()
+            if dies:
                 raise RuntimeError("boom")
             return await super().append(topic, batch, links)
         finally:
@@ -215,17 +219,30 @@ async def test_a_dying_flusher_fails_waiting_publishes_and_the_next_publish_rest
     assert set(stored) <= _stored(redis_client, "flaky", 2)
 
 
-async def test_a_restarted_flusher_counts_and_waits_for_the_writes_its_predecessor_left(
-    server: RedisServer, redis_client: redis.Redis
+def _publish_tens(
+    client: streamsub.Client, topic: str
+) -> Callable[[str], asyncio.Future[list[str]]]:
+    def call(name: str) -> asyncio.Future[list[str]]:
+        return asyncio.ensure_future(
+            client.publish_many(topic, [b"%s-%d" % (name.encode(), i) for i in range(10)])
+        )
+
+    return call
+
+
+@pytest.mark.parametrize("restarted", [True, False], ids=["restarted", "not-restarted"])
+async def test_a_close_waits_for_the_writes_a_dead_flusher_left_and_a_new_one_counts_them(
+    server: RedisServer, redis_client: redis.Redis, restarted: bool
 ) -> None:
     """Four writes are in flight (the most a publisher has) when the first dies
-    on an unexpected error, taking the flusher with it. The next calls start a
-    new flusher, which counts the three still in flight: no more than four
-    writes are ever under way. The client is closed while those three are held:
-    the close waits for them: each of their calls is stored, or was linked
-    behind the write that died on its partition and stored nothing."""
+    on an unexpected error, taking the flusher with it. With ``restarted``, four
+    more calls start a new flusher, which counts the three still in flight: no
+    more than four writes are ever under way. The client is closed while those
+    three are held: the close waits for them, whether a new flusher started or
+    not. Each of their calls is stored, or was linked behind the write that
+    died on its partition and stored nothing."""
     redis_client.flushall()
-    backend = _HeldFirstDies(server.url)
+    backend = _HeldSomeDie(server.url)
     async with (
         asyncio.timeout(15),  # a close that waits for ever fails here
         streamsub.Client(
@@ -233,33 +250,59 @@ async def test_a_restarted_flusher_counts_and_waits_for_the_writes_its_predecess
         ) as client,
     ):
         await client.create_topic("held", partitions=2)
-
-        def call(name: str) -> asyncio.Future[list[str]]:
-            return asyncio.ensure_future(
-                client.publish_many("held", [b"%s-%d" % (name.encode(), i) for i in range(10)])
-            )
-
+        call = _publish_tens(client, "held")
         first = [call(f"first-{c}") for c in range(MAX_IN_FLIGHT)]
         await until(lambda: backend.active == MAX_IN_FLIGHT, 5, "four writes in flight")
         backend.first.set()  # the first write dies, and the flusher with it
         with pytest.raises(streamsub.BackendError, match="unexpected error"):
             await first[0]
-        later = [call(f"later-{c}") for c in range(MAX_IN_FLIGHT)]
-        await until(lambda: backend.calls > MAX_IN_FLIGHT, 5, "a new flusher writes")
-        await asyncio.sleep(0.1)  # it would start the rest of its writes now
-        assert backend.most_active == MAX_IN_FLIGHT
+        later = []
+        if restarted:
+            later = [call(f"later-{c}") for c in range(MAX_IN_FLIGHT)]
+            await until(lambda: backend.calls > MAX_IN_FLIGHT, 5, "a new flusher writes")
+            await asyncio.sleep(0.1)  # it would start the rest of its writes now
+            assert backend.most_active == MAX_IN_FLIGHT
         asyncio.get_running_loop().call_later(0.3, backend.open)
-    # Closed: the close waited for every write in flight, its predecessor's too.
+    # Closed: the close waited for every write in flight, the dead flusher's too.
+    assert all(call.done() for call in [*first, *later])
     async with asyncio.timeout(5):
         results = await asyncio.gather(*first[1:], *later, return_exceptions=True)
     for result in results:
         assert isinstance(result, list | BrokenLinkError), result
-    # The calls on the other of the two partitions, at least, were linked behind no failure.
-    assert sum(isinstance(result, list) for result in results) >= 2
+    # The calls on the other of the two partitions were linked behind no failure.
+    assert sum(isinstance(result, list) for result in results) >= 1 + restarted
     assert backend.most_active == MAX_IN_FLIGHT
     assert {i for r in results if isinstance(r, list) for i in r} == _stored(
         redis_client, "held", 2
     )
+
+
+async def test_writes_that_die_together_fail_their_own_calls_and_not_the_next_ones(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """All four writes in flight die on an unexpected error: the first takes the
+    flusher with it, and each fails its own call. The next ten calls start a
+    new flusher and are stored: the three other deaths, already answered, do
+    not take the new flusher with them and fail calls that had no part in them."""
+    redis_client.flushall()
+    backend = _HeldSomeDie(server.url, dying=MAX_IN_FLIGHT)
+    backend.opened.set()
+    async with streamsub.Client(
+        backend, batch_settings=streamsub.BatchSettings(max_messages=10)
+    ) as client:
+        await client.create_topic("dying", partitions=2)
+        call = _publish_tens(client, "dying")
+        first = [call(f"first-{c}") for c in range(MAX_IN_FLIGHT)]
+        await until(lambda: backend.active == MAX_IN_FLIGHT, 5, "four writes in flight")
+        backend.first.set()
+        async with asyncio.timeout(5):
+            died = await asyncio.gather(*first, return_exceptions=True)
+        for result in died:
+            assert isinstance(result, streamsub.BackendError), result
+            assert "unexpected error" in str(result)
+        async with asyncio.timeout(5):
+            after = await asyncio.gather(*(call(f"after-{c}") for c in range(10)))
+    assert {i for ids in after for i in ids} == _stored(redis_client, "dying", 2)
 
 
 def _ids(results: list[object]) -> list[str]:
@@ -318,7 +361,7 @@ async def test_a_keyed_call_whose_first_batch_cannot_be_routed_stores_none_of_it
 
 
 @pytest.mark.parametrize("shape", ["single", "many"])
-@pytest.mark.parametrize("routing", ["raises", "omits", "twice"])
+@pytest.mark.parametrize("routing", ["raises", "omits", "twice", "empty"])
 async def test_publishes_in_a_batch_that_cannot_be_routed_fail_and_later_ones_are_stored(
     server: RedisServer, redis_client: redis.Redis, shape: str, routing: str
 ) -> None:

@@ -820,8 +820,14 @@ class TopicPublisher:
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
         # A flusher that died left writes in flight: this one counts them (at
-        # most MAX_IN_FLIGHT a node, ever) and, closing, waits for them.
+        # most MAX_IN_FLIGHT a node, ever) and, closing, waits for them. Those
+        # that died since failed their own publishes: they do not take this
+        # flusher with them.
         in_flight = self._in_flight
+        for task in [task for task in in_flight if task.done()]:
+            del in_flight[task]
+            if not task.cancelled():
+                task.exception()
         busy: dict[str | None, int] = {}
         for node in in_flight.values():
             busy[node] = busy.get(node, 0) + 1
@@ -913,11 +919,11 @@ class TopicPublisher:
             self._one_server = True  # a backend's servers do not change kind
             return [ready]
         placed = [partition for group in groups.values() for partition in group]
-        if len(placed) != len(batch) or not batch.keys() == set(placed):
+        if len(placed) != len(batch) or batch.keys() != set(placed) or not all(groups.values()):
             # Written as placed, a partition left out would be lost unanswered.
             raise RuntimeError(
-                f"write_groups placed partitions {sorted(placed)} for a batch of "
-                f"{sorted(batch)}: each must be placed once"
+                f"write_groups placed partitions as {groups} for a batch of "
+                f"{sorted(batch)}: each must be placed once, no node empty"
             )
         for node, group in groups.items():
             for partition in group:
@@ -1046,3 +1052,6 @@ class TopicPublisher:
         self._wake.set()
         if self._task is not None and not self._task.done():
             await asyncio.wait([self._task])
+        writes = [task for task in self._in_flight if not task.done()]
+        if writes:  # a flusher that died left them, and none started since
+            await asyncio.wait(writes)

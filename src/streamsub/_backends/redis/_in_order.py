@@ -342,22 +342,27 @@ class InOrderConnection:
         return connection
 
     async def _take(self) -> Any:
-        """A new connection, once the reader of the last one has ended.
-
-        A send starts a reader only while none runs, and the pool may hand
-        back the very ``Connection`` object that broke: a reader still ending
-        (giving the broken connection back) would leave the new connection's
-        replies unread, and one still waiting on the broken socket would, as
-        its read failed, disconnect the same object, now on a new socket.
-        A reader waiting for a reply is cancelled (its connection is gone);
-        one giving its connection back ends by itself, at once."""
-        reader = self._reader
-        if reader is not None and not reader.done():
-            if self._reading:
-                reader.cancel()
-            await asyncio.wait([reader])
+        """A new connection, once the reader of the last one has ended: a
+        send starts a reader only while none runs, so one still giving the
+        broken connection back would leave the new one's replies unread."""
+        await self._end_reader()
         self._connection = await take_connection(self._pool)
         return self._connection
+
+    async def _end_reader(self) -> None:
+        """Wait until the reader has ended, cancelling it if it waits for a
+        reply (its connection is gone: broken or closed). Called before a
+        connection goes back to the pool: redis-py's pool hands the same
+        ``Connection`` object out again (to another command of the client,
+        or to this connection), and a reader still waiting on the old socket
+        would, as its read failed, disconnect that object on its new socket.
+        A reader giving its own connection back ends by itself, at once."""
+        reader = self._reader
+        if reader is None or reader.done() or reader is asyncio.current_task():
+            return
+        if self._reading:
+            reader.cancel()
+        await asyncio.wait([reader])
 
     async def _read(self, connection: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -394,7 +399,10 @@ class InOrderConnection:
         # What waits for a confirmation was sent on this connection: another
         # connection's cannot cover it.
         self._fail_due(exc if isinstance(exc, Exception) else rexc.ConnectionError(str(exc)))
-        await self._give_back(connection)
+        try:
+            await self._end_reader()
+        finally:
+            await self._give_back(connection)
 
     def _fail_due(self, exc: Exception) -> None:
         """Fail every call whose reply or confirmation is still due: nothing
@@ -423,12 +431,13 @@ class InOrderConnection:
     async def close(self) -> None:
         """Give the connection back to the pool."""
         connection, self._connection = self._connection, None
-        if self._reader is not None:
-            self._reader.cancel()
         for task in list(self._confirm_tasks):
             task.cancel()
         # Replies still due (a write in flight as its client closes) are not
         # read any more: their calls fail, rather than wait for ever.
         self._fail_due(rexc.ConnectionError("the connection was closed"))
-        if connection is not None:
-            await self._give_back(connection)
+        try:
+            await self._end_reader()
+        finally:
+            if connection is not None:
+                await self._give_back(connection)
