@@ -822,7 +822,7 @@ class TopicPublisher:
         # A flusher that died left writes in flight: this one counts them (at
         # most MAX_IN_FLIGHT a node, ever) and, closing, waits for them. Those
         # that died since failed their own publishes: they do not take this
-        # flusher with them.
+        # flusher with them (one that dies later does, as its own writes do).
         in_flight = self._in_flight
         for task in [task for task in in_flight if task.done()]:
             del in_flight[task]
@@ -1055,3 +1055,6 @@ class TopicPublisher:
         writes = [task for task in self._in_flight if not task.done()]
         if writes:  # a flusher that died left them, and none started since
             await asyncio.wait(writes)
+            for task in writes:  # a death failed its own publishes: nothing to report
+                if not task.cancelled():
+                    task.exception()
