@@ -1,5 +1,6 @@
 """The publisher under a misbehaving backend: a dying flusher never leaves a publish
-hanging, and a slow backend makes publishers wait instead of queueing without bound.
+hanging, nor its writes in flight uncounted; a batch routed wrongly fails as a
+whole; and a slow backend makes publishers wait instead of queueing without bound.
 
 The backends here are real RedisBackends on the test server with one method
 wrapped: they fail or stall on purpose, Redis itself is not imitated.

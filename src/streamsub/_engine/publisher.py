@@ -62,7 +62,8 @@ queues them, and gives it back as they are stored or fail.
 
 The flusher task is supervised: if it dies on an unexpected error, every
 publish waiting on it fails with a ``BackendError`` saying so, and the next
-publish starts a new one. No publish is left waiting by an unexpected error
+publish starts a new one, which counts (and a close waits for) the writes
+its predecessor left in flight. No publish is left waiting by an unexpected error
 elsewhere either: a batch that the backend fails to route to its nodes is
 queued as it is and fails as a failed write does (``BackendError``, its keys
 paused), and a write whose answer cannot be handed out (ids missing) fails
