@@ -123,6 +123,12 @@ _KEY_CACHE_SIZE = 65536
 """Partitions of recent ordering keys, so hot keys are hashed once."""
 
 
+def _forget_death(write: asyncio.Task[None]) -> None:
+    """Mark a write's death seen: it failed its own publishes already."""
+    if not write.cancelled():
+        write.exception()
+
+
 def _is_lone(token: _Token) -> bool:
     """Whether ``token`` is a single publish (``submit_one``: a bare future)."""
     return type(token.waiter) is not _Waiter
@@ -827,11 +833,8 @@ class TopicPublisher:
         in_flight = self._in_flight
         for task in [task for task in in_flight if task.done()]:
             del in_flight[task]
-            if not task.cancelled():
-                task.exception()
-        busy: dict[str | None, int] = {}
-        for node in in_flight.values():
-            busy[node] = busy.get(node, 0) + 1
+            _forget_death(task)
+        busy: dict[str | None, int] = dict(collections.Counter(in_flight.values()))
         self._busy = busy
         while True:
             for task in [task for task in in_flight if task.done()]:
@@ -1056,6 +1059,5 @@ class TopicPublisher:
         writes = [task for task in self._in_flight if not task.done()]
         if writes:  # a flusher that died left them, and none started since
             await asyncio.wait(writes)
-            for task in writes:  # a death failed its own publishes: nothing to report
-                if not task.cancelled():
-                    task.exception()
+            for task in writes:
+                _forget_death(task)
