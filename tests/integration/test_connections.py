@@ -195,6 +195,54 @@ async def test_closing_the_publishing_connection_fails_the_calls_in_flight(
         await client.aclose()
 
 
+async def test_a_close_while_sends_wait_for_a_connection_leaves_none_taken(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five calls wait for the publishing connection while the pool is held
+    handing one out, and the connection is closed meanwhile. Once the pool
+    answers, every call fails with ConnectionError, nothing is written, and
+    the pool has no connection in use: none is kept by the closed object.
+    A call after the close fails at once."""
+    client = aioredis.Redis.from_url(server.url, socket_timeout=5)
+    admin = aioredis.Redis.from_url(server.url)
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=3600.0)
+    pool = client.connection_pool
+    get_connection, gate = pool.get_connection, asyncio.Event()
+    asked = 0
+
+    async def held(*args: object) -> object:
+        nonlocal asked
+        asked += 1
+        await gate.wait()
+        return await get_connection(*args)
+
+    try:
+        await admin.delete("written-after-close")
+        monkeypatch.setattr(pool, "get_connection", held)
+        calls = [
+            asyncio.ensure_future(connection.call_many([("INCR", "written-after-close")]))
+            for _ in range(5)
+        ]
+        await until(lambda: asked == 1, 5, "a call asks the pool for a connection")
+        await connection.close()
+        gate.set()
+        async with asyncio.timeout(2):
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        for result in results:
+            assert isinstance(result, redis.ConnectionError), result
+            assert "closed" in str(result)
+        assert not pool._in_use_connections
+        with pytest.raises(redis.ConnectionError, match="closed"):
+            await connection.call_many([("INCR", "written-after-close")])
+        assert asked == 1
+        assert await admin.get("written-after-close") is None
+    finally:
+        gate.set()
+        await connection.close()
+        await client.aclose()
+        await admin.aclose()
+
+
 @pytest.mark.standalone  # one server's connection
 async def test_calls_sent_while_the_broken_connections_reader_ends_get_their_replies(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch

@@ -150,6 +150,7 @@ class InOrderConnection:
         self._unconfirmed: list[tuple[asyncio.Future[Any], float]] = []
         self._confirm_command: tuple[Any, ...] | None = None
         self._confirm_tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def _timed_out(self) -> rexc.TimeoutError:
         return rexc.TimeoutError(
@@ -198,6 +199,7 @@ class InOrderConnection:
         outside its lock."""
         if not connect and not self.usable():
             raise NotReady("the connection is not ready: nothing was sent")
+        self._check_open()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         futures = [loop.create_future() for _ in commands]
@@ -341,13 +343,24 @@ class InOrderConnection:
         self._last_used = loop.time()
         return connection
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise rexc.ConnectionError("the connection was closed: nothing was sent")
+
     async def _take(self) -> Any:
         """A new connection, once the reader of the last one has ended: a
         send starts a reader only while none runs, so one still giving the
-        broken connection back would leave the new one's replies unread."""
+        broken connection back would leave the new one's replies unread.
+        Raises, giving it back, if :meth:`close` ran meanwhile: it would be
+        kept by a closed object, never given back."""
         await self._end_reader()
-        self._connection = await take_connection(self._pool)
-        return self._connection
+        self._check_open()
+        connection = await take_connection(self._pool)
+        if self._closed:
+            await self._pool.release(connection)
+            self._check_open()
+        self._connection = connection
+        return connection
 
     async def _end_reader(self) -> None:
         """Wait until the reader has ended, cancelling it if it waits for a
@@ -429,7 +442,9 @@ class InOrderConnection:
             await self._pool.release(connection)
 
     async def close(self) -> None:
-        """Give the connection back to the pool."""
+        """Give the connection back to the pool; later sends raise
+        ``ConnectionError``, and so do those waiting for a connection."""
+        self._closed = True
         connection, self._connection = self._connection, None
         for task in list(self._confirm_tasks):
             task.cancel()
