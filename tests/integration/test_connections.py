@@ -195,6 +195,7 @@ async def test_closing_the_publishing_connection_fails_the_calls_in_flight(
         await client.aclose()
 
 
+@pytest.mark.standalone  # one server's pool, held
 async def test_a_close_while_sends_wait_for_a_connection_leaves_none_taken(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
