@@ -31,6 +31,7 @@ from ..._errors import (
     AuthenticationError,
     BackendError,
     CertificateError,
+    ClosedError,
     FailedPreconditionError,
     InvalidArgumentError,
     InvalidTypeError,
@@ -59,7 +60,7 @@ from ..base import (
     TopicRecord,
 )
 from . import _keys
-from ._in_order import InOrderConnection, take_connection
+from ._in_order import ConnectionClosed, InOrderConnection, take_connection
 from ._pool import WaitingConnectionPool
 
 __all__ = ["RedisBackend"]
@@ -396,6 +397,11 @@ class RedisBackend:
     def _errors(self) -> Iterator[None]:
         try:
             yield
+        except ConnectionClosed as exc:
+            raise ClosedError(
+                f"the client's connection to Redis at {self.url} was closed ({exc}): "
+                "publish before closing the client"
+            ) from exc
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
             if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
                 raise AuthenticationError(

@@ -138,7 +138,7 @@ from ._backend import (
     _script,
     redact,
 )
-from ._in_order import InOrderConnection, NotReady
+from ._in_order import ConnectionClosed, InOrderConnection, NotReady
 from ._node_gates import NodeGates, NoFreeConnectionError, gate_nodes
 from ._routing import MAX_REDIRECTS, SlotMigratingError, SlotRouter
 from ._slots import balanced_salts, key_slot
@@ -353,6 +353,7 @@ class _ClusterAppender:
         self._slot_node: dict[int, str] = {}
         self._key_slots: dict[Any, int] = {}
         self._connections: dict[str, InOrderConnection] = {}
+        self._closed = False
         self._refresh = False
         self._tails: dict[int, asyncio.Event] = {}
         """Per slot, the event of the newest call with a write for it: set once
@@ -365,6 +366,8 @@ class _ClusterAppender:
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
         if connection is None:
+            if self._closed:  # a write racing the close: no new connection
+                raise ConnectionClosed("the appender was closed: nothing was sent")
             node = self._client.get_node(node_name=name)
             if node is None:  # a node redis-py has not seen yet (say, added since)
                 await self._client.nodes_manager.initialize()
@@ -731,7 +734,10 @@ class _ClusterAppender:
         unreached = set()
         for name, outcome in zip(names, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                if not isinstance(outcome, rexc.ConnectionError | rexc.TimeoutError | OSError):
+                # Closed, or not a lost connection: not a node to wait for.
+                if isinstance(outcome, ConnectionClosed) or not isinstance(
+                    outcome, rexc.ConnectionError | rexc.TimeoutError | OSError
+                ):
                     raise outcome
                 unreached.add(name)
                 self._forget(name)
@@ -831,9 +837,11 @@ class _ClusterAppender:
         self._refresh = True
 
     async def close(self) -> None:
-        for connection in self._connections.values():
-            await connection.close()
+        self._closed = True
+        connections = list(self._connections.values())
         self._connections.clear()
+        for connection in connections:
+            await connection.close()
 
 
 _REDIS_PY = os.path.dirname(rexc.__file__) + os.sep
@@ -1204,6 +1212,8 @@ class RedisClusterBackend(RedisBackend):
         one: see the module docstring)."""
         connection = self._replicas.get(address)
         if connection is None:
+            if self._closing:
+                raise ConnectionClosed("the client was closed: nothing was sent")
             host, _, port = address.rpartition(":")
             node = ClusterNode(host, int(port), "replica", **self._redis.connection_kwargs)
             connection = self._replicas[address] = InOrderConnection(
@@ -1230,9 +1240,10 @@ class RedisClusterBackend(RedisBackend):
             await self._wakeups.close()
             self._wakeups = None
         await self._appender.close()
-        for connection in self._replicas.values():
-            await connection.close()
+        replicas = list(self._replicas.values())
         self._replicas.clear()
+        for connection in replicas:
+            await connection.close()
         await self._redis.aclose()
 
     async def server_info(self) -> ServerInfo:

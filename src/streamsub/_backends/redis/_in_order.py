@@ -33,7 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
 
-__all__ = ["InOrderConnection", "pack_commands", "send_packed"]
+__all__ = ["ConnectionClosed", "InOrderConnection", "pack_commands", "send_packed"]
 
 
 def _needs_command_name(pool: Any) -> bool:
@@ -110,6 +110,12 @@ async def send_packed(connection: Any, packed: list[bytes]) -> None:
         await writer.drain()
     except OSError as exc:
         raise rexc.ConnectionError(f"Error while writing to socket: {exc}") from exc
+
+
+class ConnectionClosed(rexc.ConnectionError):
+    """A call on an :class:`InOrderConnection` that was closed: one sent after
+    the close, or waiting to be sent as it closed (nothing was sent), or in
+    flight as it closed (it may have run)."""
 
 
 class NotReady(rexc.ConnectionError):
@@ -197,9 +203,9 @@ class InOrderConnection:
         where it would first connect or PING an idle connection (or wait for
         a :meth:`ready` doing so): such a caller makes the connection ready
         outside its lock."""
+        self._check_open()
         if not connect and not self.usable():
             raise NotReady("the connection is not ready: nothing was sent")
-        self._check_open()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
         futures = [loop.create_future() for _ in commands]
@@ -340,12 +346,15 @@ class InOrderConnection:
             except BaseException as exc:
                 await self._broken(connection, exc)
                 raise
+            # Closed while the PING was out: the connection went back to the
+            # pool, and may be another command's now.
+            self._check_open()
         self._last_used = loop.time()
         return connection
 
     def _check_open(self) -> None:
         if self._closed:
-            raise rexc.ConnectionError("the connection was closed: nothing was sent")
+            raise ConnectionClosed("the connection was closed: nothing was sent")
 
     async def _take(self) -> Any:
         """A new connection, once the reader of the last one has ended: a
@@ -443,16 +452,25 @@ class InOrderConnection:
 
     async def close(self) -> None:
         """Give the connection back to the pool; later sends raise
-        ``ConnectionError``, and so do those waiting for a connection."""
+        :class:`ConnectionClosed`, and so do those waiting for it.
+
+        A send that holds the connection (a PING before use, a write) sees the
+        close once that step ends, within its time limit, and sends nothing
+        more: the connection goes back to the pool only then, so that no other
+        command of the client takes it while the send still uses it."""
         self._closed = True
         connection, self._connection = self._connection, None
         for task in list(self._confirm_tasks):
             task.cancel()
         # Replies still due (a write in flight as its client closes) are not
         # read any more: their calls fail, rather than wait for ever.
-        self._fail_due(rexc.ConnectionError("the connection was closed"))
+        self._fail_due(
+            ConnectionClosed("the connection was closed with the call in flight: it may have run")
+        )
         try:
             await self._end_reader()
+            async with self._send_lock:
+                pass
         finally:
             if connection is not None:
                 await self._give_back(connection)
