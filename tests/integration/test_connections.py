@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -209,13 +211,7 @@ async def test_a_close_while_a_send_checks_an_idle_connection_hands_it_to_no_one
         await asyncio.sleep(0.05)
         assert not closing.done()  # it waits for the send that holds the connection
         assert not pool_has(client, pooled)
-        gate.set()
-        async with asyncio.timeout(2):
-            results = await asyncio.gather(*calls, return_exceptions=True)
-            await closing
-        for result in results:
-            assert isinstance(result, redis.ConnectionError), result
-            assert "closed" in str(result)
+        await _all_closed(calls, closing, gate)
         assert await admin.get("written-after-close") is None
         monkeypatch.undo()
         assert pool_has(client, pooled)
@@ -226,6 +222,20 @@ async def test_a_close_while_a_send_checks_an_idle_connection_hands_it_to_no_one
         await connection.close()
         await client.aclose()
         await admin.aclose()
+
+
+async def _all_closed(
+    calls: Sequence[asyncio.Future[Any]], closing: asyncio.Future[None], gate: asyncio.Event
+) -> None:
+    """Open ``gate``, which holds the first of ``calls``: each fails as closed,
+    and ``closing`` (the connection's close) ends."""
+    gate.set()
+    async with asyncio.timeout(2):
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await closing
+    for result in results:
+        assert isinstance(result, redis.ConnectionError), result
+        assert "closed" in str(result)
 
 
 def pool_has(client: aioredis.Redis, connection: object) -> bool:
@@ -268,8 +278,9 @@ async def test_appends_as_the_backend_closes_end_stored_or_closed_and_none_after
             with pytest.raises(streamsub.ClosedError, match="closed"):
                 await backend.append(later_topic, batch)
     # Those failed in flight may still be landing: only the bounds hold here.
-    assert 4 + stored <= sum(map(redis_client.xlen, stream_keys(redis_client, "closing", 4))) <= 44
-    assert sum(map(redis_client.xlen, stream_keys(redis_client, "closed", 4))) == 0
+    landed = [redis_client.xlen(key) for key in stream_keys(redis_client, "closing", 4)]
+    assert 4 + stored <= sum(landed) <= 44
+    assert [redis_client.xlen(key) for key in stream_keys(redis_client, "closed", 4)] == [0] * 4
 
 
 @pytest.mark.standalone  # one server's connection
@@ -330,13 +341,7 @@ async def test_a_close_while_sends_wait_for_a_connection_leaves_none_taken(
         await until(lambda: asked == 1, 5, "a call asks the pool for a connection")
         closing = asyncio.ensure_future(connection.close())
         await asyncio.sleep(0.05)
-        gate.set()
-        async with asyncio.timeout(2):
-            results = await asyncio.gather(*calls, return_exceptions=True)
-            await closing
-        for result in results:
-            assert isinstance(result, redis.ConnectionError), result
-            assert "closed" in str(result)
+        await _all_closed(calls, closing, gate)
         assert not pool._in_use_connections
         with pytest.raises(redis.ConnectionError, match="closed"):
             await connection.call_many([("INCR", "written-after-close")])
