@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -124,9 +125,15 @@ def test_sigterm_and_restart_during_streaming_pull_lose_nothing(
                 f"running={future.running()}, gateway log: {''.join(second.lines)[-3000:]}"
             ) from None
         assert future.running()
+        # The client's lease thread ends with its streaming pull: before the
+        # gateway stops, or its last modacks meet a closed channel.
+        future.cancel()
+        future.result(timeout=30)
         assert second.terminate() == 0
     finally:
         future.cancel()
+        with contextlib.suppress(Exception):  # its threads are done before the channel closes
+            future.result(timeout=30)
         subscriber.close()
         publisher.stop()
         for gateway in (first, second):
