@@ -18,7 +18,7 @@ from streamsub._backends.base import TopicRecord
 from streamsub._backends.redis._backend import MAX_READ_BLOCK, SOCKET_TIMEOUT
 from streamsub._backends.redis._in_order import InOrderConnection, NotReady, take_connection
 from streamsub._core.codec import pack_data
-from streamsub.testing import RedisServer
+from streamsub.testing import RedisClusterServers, RedisServer
 from tests._layout import backend_class, stream_key, stream_keys
 from tests._proxy import Proxy
 from tests._wait import until
@@ -224,6 +224,93 @@ async def test_a_close_while_a_send_checks_an_idle_connection_hands_it_to_no_one
         await admin.aclose()
 
 
+@pytest.mark.standalone  # one server, paused
+async def test_a_close_ends_a_send_stuck_checking_a_silent_connection_at_once(
+    server: RedisServer,
+) -> None:
+    """The server stops answering (CLIENT PAUSE, 2 s) as the first of five
+    calls PINGs the idle publishing connection. A close then ends within a
+    second, not at the calls' 5 s time limit, and every call fails as
+    closed, nothing written."""
+    client = aioredis.Redis.from_url(server.url, socket_timeout=5)
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=0.01)
+    try:
+        async with aioredis.Redis.from_url(server.url) as admin:
+            await admin.delete("written-while-paused")
+            assert await connection.call_many([("PING",)]) == [b"PONG"]
+            await asyncio.sleep(0.05)  # idle past the interval: the next send PINGs first
+            await admin.execute_command("CLIENT", "PAUSE", "2000", "ALL")
+        calls = [
+            asyncio.ensure_future(connection.call_many([("INCR", "written-while-paused")]))
+            for _ in range(5)
+        ]
+        await asyncio.sleep(0.2)  # the first holds the connection, its PING unanswered
+        async with asyncio.timeout(1):
+            await connection.close()
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        for result in results:
+            assert isinstance(result, redis.ConnectionError), result
+            assert "closed" in str(result)
+        await asyncio.sleep(2)  # the pause ends
+        async with aioredis.Redis.from_url(server.url) as admin:
+            assert await admin.get("written-while-paused") is None
+    finally:
+        await connection.close()
+        await client.aclose()
+
+
+@pytest.mark.standalone  # one server's pool
+async def test_a_cancelled_close_gives_the_connection_back_only_once_the_send_lets_go(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in the test above, a close runs while the first of five calls holds
+    the idle connection, its PING's reply held; the close is cancelled. The
+    connection stays out of the pool until the reply comes, then goes back,
+    and every call fails as closed."""
+    client = aioredis.Redis.from_url(server.url, socket_timeout=5)
+    connection = InOrderConnection(client, timeout=5.0, health_check_interval=0.01)
+    reached, gate = asyncio.Event(), asyncio.Event()
+    try:
+        assert await connection.call_many([("PING",)]) == [b"PONG"]
+        pooled = connection._connection
+        read_response = pooled.read_response
+
+        async def held(*args: object, **kwargs: object) -> object:
+            reached.set()
+            await gate.wait()
+            return await read_response(*args, **kwargs)
+
+        monkeypatch.setattr(pooled, "read_response", held)
+        await asyncio.sleep(0.05)
+        calls = [asyncio.ensure_future(connection.call_many([("PING",)])) for _ in range(5)]
+        async with asyncio.timeout(2):
+            await reached.wait()
+        closing = asyncio.ensure_future(connection.close())
+        await asyncio.sleep(0.05)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await asyncio.sleep(0.05)
+        assert not pool_has(client, pooled)  # the send still holds it
+        gate.set()
+        async with asyncio.timeout(2):
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        for result in results:
+            assert isinstance(result, redis.ConnectionError), result
+            assert "closed" in str(result)
+        await until(lambda: pool_has(client, pooled), 2, "the connection back in the pool")
+    finally:
+        gate.set()
+        await connection.close()
+        await client.aclose()
+
+
+def _connections_received(server: RedisServer) -> int:
+    """Connections the server has accepted so far (this count's own among them)."""
+    with redis.Redis.from_url(server.url) as admin:
+        return int(admin.info("stats")["total_connections_received"])
+
+
 async def _all_closed(
     calls: Sequence[asyncio.Future[Any]], closing: asyncio.Future[None], gate: asyncio.Event
 ) -> None:
@@ -243,14 +330,14 @@ def pool_has(client: aioredis.Redis, connection: object) -> bool:
     return connection in client.connection_pool._available_connections
 
 
-async def test_appends_as_the_backend_closes_end_stored_or_closed_and_none_after(
+async def test_appends_in_flight_at_a_backend_close_and_after_it_fail_as_closed(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """Ten appends to four partitions of a topic are on their way as the
-    backend closes, and ten more to another topic come after. Each of the
-    first is stored or fails with ClosedError (one in flight may have run),
-    none waits for ever; each of the later fails with ClosedError at once and
-    stores nothing (no connection is opened for it)."""
+    """Ten appends to four partitions of a topic are in flight as the backend
+    closes, and ten more to another topic come after. Each of the first ends
+    stored or with ClosedError (it may have run), none waits for ever; each
+    of the later fails with ClosedError at once, stores nothing and opens no
+    connection."""
     backend = backend_class(server.url)(server.url)
     racing_topic = await backend.create_topic(TopicRecord("closing", 4, "", time.time()))
     later_topic = await backend.create_topic(TopicRecord("closed", 4, "", time.time()))
@@ -273,10 +360,16 @@ async def test_appends_as_the_backend_closes_end_stored_or_closed_and_none_after
                     assert isinstance(result, streamsub.ClosedError), result
         else:
             assert isinstance(outcome, streamsub.ClosedError), outcome
+    cluster = isinstance(server, RedisClusterServers)  # whose clients connect by themselves
+    received = 0 if cluster else _connections_received(server)
     for _ in range(10):
         async with asyncio.timeout(1):
             with pytest.raises(streamsub.ClosedError, match="closed"):
                 await backend.append(later_topic, batch)
+    if cluster:
+        assert not backend._appender._connections
+    else:
+        assert _connections_received(server) == received + 1  # the count's own
     # Those failed in flight may still be landing: only the bounds hold here.
     landed = [redis_client.xlen(key) for key in stream_keys(redis_client, "closing", 4)]
     assert 4 + stored <= sum(landed) <= 44

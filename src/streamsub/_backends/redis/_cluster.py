@@ -371,6 +371,8 @@ class _ClusterAppender:
             node = self._client.get_node(node_name=name)
             if node is None:  # a node redis-py has not seen yet (say, added since)
                 await self._client.nodes_manager.initialize()
+                if self._closed:  # meanwhile
+                    raise ConnectionClosed("the appender was closed: nothing was sent")
                 node = self._client.get_node(node_name=name)
                 made = self._connections.get(name)  # by another call meanwhile
                 if made is not None:
@@ -439,6 +441,8 @@ class _ClusterAppender:
         partition's in the order given, and ``after`` (a WAIT or WAITAOF) behind each
         node's; return their replies in that order, and each of ``after``'s replies
         with the indexes of the commands it confirms (those its node stored)."""
+        if self._closed:  # no routing either: it would ask the cluster for its map
+            raise ConnectionClosed("the appender was closed: nothing was sent")
         replies: list[Any] = [None] * len(commands)
         commands = list(commands)  # a write may be sent again with a key undeclared
         # A wait's reply counts only for a node that stored some of its batch,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 from typing import Any
 
@@ -216,6 +217,7 @@ class InOrderConnection:
             self._confirm_command = confirm
         try:
             async with asyncio.timeout_at(deadline), self._send_lock:
+                self._check_open()  # closed while waiting for the lock
                 if not connect and not self.usable():  # lost while waiting for the lock
                     raise NotReady("the connection was lost: nothing was sent")
                 connection = await self._usable_connection(loop)
@@ -242,6 +244,12 @@ class InOrderConnection:
                     self._reader = loop.create_task(self._read(connection))
         except TimeoutError:  # asyncio's, from timeout_at: connecting or sending stalled
             raise self._timed_out() from None
+        except Exception as exc:
+            if self._closed and not isinstance(exc, ConnectionClosed):  # close broke it
+                raise ConnectionClosed(
+                    f"the connection was closed as the call was sent ({exc!r}): it may have run"
+                ) from exc
+            raise
         finally:
             for future in [*futures, *([confirmed] if confirmed is not None else [])]:
                 if future.done() and not future.cancelled():
@@ -329,6 +337,10 @@ class InOrderConnection:
                 await self._usable_connection(loop)
         except TimeoutError:  # asyncio's: connecting stalled
             raise self._timed_out() from None
+        except Exception as exc:
+            if self._closed and not isinstance(exc, ConnectionClosed):  # close broke it
+                raise ConnectionClosed(f"the connection was closed ({exc!r})") from exc
+            raise
 
     async def _usable_connection(self, loop: asyncio.AbstractEventLoop) -> Any:
         connection = self._connection
@@ -397,6 +409,8 @@ class InOrderConnection:
                 finally:
                     self._reading = False
             except rexc.ResponseError as exc:
+                if connection is not self._connection:  # closed meanwhile: its calls failed
+                    return
                 future, _ = self._waiting.popleft()
                 if not future.done():
                     future.set_exception(exc)
@@ -409,6 +423,8 @@ class InOrderConnection:
                     raise
                 return
             else:
+                if connection is not self._connection:  # closed meanwhile: its calls failed
+                    return
                 future, _ = self._waiting.popleft()
                 if not future.done():
                     future.set_result(reply)
@@ -454,9 +470,10 @@ class InOrderConnection:
         """Give the connection back to the pool; later sends raise
         :class:`ConnectionClosed`, and so do those waiting for it.
 
-        A send that holds the connection (a PING before use, a write) sees the
-        close once that step ends, within its time limit, and sends nothing
-        more: the connection goes back to the pool only then, so that no other
+        The socket closes at once, so a send that holds the connection (a PING
+        before use, a write) fails at once, with :class:`ConnectionClosed`;
+        the connection goes back to the pool only once that send has let go
+        of it (even if this close is cancelled meanwhile), so that no other
         command of the client takes it while the send still uses it."""
         self._closed = True
         connection, self._connection = self._connection, None
@@ -467,7 +484,17 @@ class InOrderConnection:
         self._fail_due(
             ConnectionClosed("the connection was closed with the call in flight: it may have run")
         )
+        handing_back = asyncio.ensure_future(self._hand_back(connection))
+        handing_back.add_done_callback(_retrieved)
+        await asyncio.shield(handing_back)
+
+    async def _hand_back(self, connection: Any) -> None:
+        """Close ``connection``, and give it back to the pool once the reader
+        and the send holding it (if any) have let go of it."""
         try:
+            if connection is not None:
+                with contextlib.suppress(rexc.RedisError, OSError):
+                    await connection.disconnect(nowait=True)
             await self._end_reader()
             async with self._send_lock:
                 pass
