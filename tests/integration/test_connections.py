@@ -187,20 +187,10 @@ async def test_a_close_while_a_send_checks_an_idle_connection_hands_it_to_no_one
     client = aioredis.Redis.from_url(server.url, socket_timeout=5)
     admin = aioredis.Redis.from_url(server.url)
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=0.01)
-    reached, gate = asyncio.Event(), asyncio.Event()
+    gate = asyncio.Event()
     try:
         await admin.delete("written-after-close")
-        assert await connection.call_many([("PING",)]) == [b"PONG"]
-        pooled = connection._connection
-        read_response = pooled.read_response
-
-        async def held(*args: object, **kwargs: object) -> object:
-            reached.set()
-            await gate.wait()
-            return await read_response(*args, **kwargs)
-
-        monkeypatch.setattr(pooled, "read_response", held)
-        await asyncio.sleep(0.05)  # idle past the interval: the next send PINGs first
+        pooled, reached = await _idle_with_replies_held(connection, gate, monkeypatch)
         calls = [
             asyncio.ensure_future(connection.call_many([("INCR", "written-after-close")]))
             for _ in range(5)
@@ -263,25 +253,16 @@ async def test_a_close_ends_a_send_stuck_checking_a_silent_connection_at_once(
 async def test_a_cancelled_close_gives_the_connection_back_only_once_the_send_lets_go(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As in the test above, a close runs while the first of five calls holds
-    the idle connection, its PING's reply held; the close is cancelled. The
+    """A close runs while the first of five calls holds the idle connection,
+    its PING's reply held (as in ``..._hands_it_to_no_one_else``); the close is
+    cancelled. The
     connection stays out of the pool until the reply comes, then goes back,
     and every call fails as closed."""
     client = aioredis.Redis.from_url(server.url, socket_timeout=5)
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=0.01)
-    reached, gate = asyncio.Event(), asyncio.Event()
+    gate = asyncio.Event()
     try:
-        assert await connection.call_many([("PING",)]) == [b"PONG"]
-        pooled = connection._connection
-        read_response = pooled.read_response
-
-        async def held(*args: object, **kwargs: object) -> object:
-            reached.set()
-            await gate.wait()
-            return await read_response(*args, **kwargs)
-
-        monkeypatch.setattr(pooled, "read_response", held)
-        await asyncio.sleep(0.05)
+        pooled, reached = await _idle_with_replies_held(connection, gate, monkeypatch)
         calls = [asyncio.ensure_future(connection.call_many([("PING",)])) for _ in range(5)]
         async with asyncio.timeout(2):
             await reached.wait()
@@ -309,6 +290,27 @@ def _connections_received(server: RedisServer) -> int:
     """Connections the server has accepted so far (this count's own among them)."""
     with redis.Redis.from_url(server.url) as admin:
         return int(admin.info("stats")["total_connections_received"])
+
+
+async def _idle_with_replies_held(
+    connection: InOrderConnection, gate: asyncio.Event, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, asyncio.Event]:
+    """Connect ``connection`` (its health-check interval short), hold each reply
+    read on it until ``gate`` opens, and let it idle past the interval, so that
+    the next send PINGs first. Return its redis-py connection, and the event set
+    once a read waits at the gate."""
+    assert await connection.call_many([("PING",)]) == [b"PONG"]
+    pooled = connection._connection
+    read_response, reached = pooled.read_response, asyncio.Event()
+
+    async def held(*args: object, **kwargs: object) -> object:
+        reached.set()
+        await gate.wait()
+        return await read_response(*args, **kwargs)
+
+    monkeypatch.setattr(pooled, "read_response", held)
+    await asyncio.sleep(0.05)
+    return pooled, reached
 
 
 async def _all_closed(
