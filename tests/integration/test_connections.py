@@ -200,11 +200,13 @@ async def test_a_close_while_a_send_checks_an_idle_connection_hands_it_to_no_one
         closing = asyncio.ensure_future(connection.close())
         await asyncio.sleep(0.05)
         assert not closing.done()  # it waits for the send that holds the connection
-        assert not pool_has(client, pooled)
-        await _all_closed(calls, closing, gate)
+        assert not _pool_has(client, pooled)
+        gate.set()
+        await _all_closed(calls)
+        await asyncio.wait_for(closing, 2)
         assert await admin.get("written-after-close") is None
         monkeypatch.undo()
-        assert pool_has(client, pooled)
+        assert _pool_has(client, pooled)
         async with asyncio.timeout(2):
             assert await client.execute_command("ECHO", "mine") == b"mine"
     finally:
@@ -237,10 +239,7 @@ async def test_a_close_ends_a_send_stuck_checking_a_silent_connection_at_once(
         await asyncio.sleep(0.2)  # the first holds the connection, its PING unanswered
         async with asyncio.timeout(1):
             await connection.close()
-            results = await asyncio.gather(*calls, return_exceptions=True)
-        for result in results:
-            assert isinstance(result, redis.ConnectionError), result
-            assert "closed" in str(result)
+            await _all_closed(calls)
         await asyncio.sleep(2)  # the pause ends
         async with aioredis.Redis.from_url(server.url) as admin:
             assert await admin.get("written-while-paused") is None
@@ -255,9 +254,8 @@ async def test_a_cancelled_close_gives_the_connection_back_only_once_the_send_le
 ) -> None:
     """A close runs while the first of five calls holds the idle connection,
     its PING's reply held (as in ``..._hands_it_to_no_one_else``); the close is
-    cancelled. The
-    connection stays out of the pool until the reply comes, then goes back,
-    and every call fails as closed."""
+    cancelled. The connection stays out of the pool until the reply comes,
+    then goes back, and every call fails as closed."""
     client = aioredis.Redis.from_url(server.url, socket_timeout=5)
     connection = InOrderConnection(client, timeout=5.0, health_check_interval=0.01)
     gate = asyncio.Event()
@@ -272,14 +270,10 @@ async def test_a_cancelled_close_gives_the_connection_back_only_once_the_send_le
         with pytest.raises(asyncio.CancelledError):
             await closing
         await asyncio.sleep(0.05)
-        assert not pool_has(client, pooled)  # the send still holds it
+        assert not _pool_has(client, pooled)  # the send still holds it
         gate.set()
-        async with asyncio.timeout(2):
-            results = await asyncio.gather(*calls, return_exceptions=True)
-        for result in results:
-            assert isinstance(result, redis.ConnectionError), result
-            assert "closed" in str(result)
-        await until(lambda: pool_has(client, pooled), 2, "the connection back in the pool")
+        await _all_closed(calls)
+        await until(lambda: _pool_has(client, pooled), 2, "the connection back in the pool")
     finally:
         gate.set()
         await connection.close()
@@ -313,21 +307,16 @@ async def _idle_with_replies_held(
     return pooled, reached
 
 
-async def _all_closed(
-    calls: Sequence[asyncio.Future[Any]], closing: asyncio.Future[None], gate: asyncio.Event
-) -> None:
-    """Open ``gate``, which holds the first of ``calls``: each fails as closed,
-    and ``closing`` (the connection's close) ends."""
-    gate.set()
+async def _all_closed(calls: Sequence[asyncio.Future[Any]]) -> None:
+    """Each of ``calls`` ends within 2 s, failed as closed."""
     async with asyncio.timeout(2):
         results = await asyncio.gather(*calls, return_exceptions=True)
-        await closing
     for result in results:
         assert isinstance(result, redis.ConnectionError), result
         assert "closed" in str(result)
 
 
-def pool_has(client: aioredis.Redis, connection: object) -> bool:
+def _pool_has(client: aioredis.Redis, connection: object) -> bool:
     """Whether ``connection`` is back among ``client``'s pool's free ones."""
     return connection in client.connection_pool._available_connections
 
@@ -436,7 +425,9 @@ async def test_a_close_while_sends_wait_for_a_connection_leaves_none_taken(
         await until(lambda: asked == 1, 5, "a call asks the pool for a connection")
         closing = asyncio.ensure_future(connection.close())
         await asyncio.sleep(0.05)
-        await _all_closed(calls, closing, gate)
+        gate.set()
+        await _all_closed(calls)
+        await asyncio.wait_for(closing, 2)
         assert not pool._in_use_connections
         with pytest.raises(redis.ConnectionError, match="closed"):
             await connection.call_many([("INCR", "written-after-close")])

@@ -366,13 +366,11 @@ class _ClusterAppender:
     async def _connection(self, name: str) -> InOrderConnection:
         connection = self._connections.get(name)
         if connection is None:
-            if self._closed:  # a write racing the close: no new connection
-                raise ConnectionClosed("the appender was closed: nothing was sent")
+            self._check_open()  # a write racing the close: no new connection
             node = self._client.get_node(node_name=name)
             if node is None:  # a node redis-py has not seen yet (say, added since)
                 await self._client.nodes_manager.initialize()
-                if self._closed:  # meanwhile
-                    raise ConnectionClosed("the appender was closed: nothing was sent")
+                self._check_open()  # closed meanwhile
                 node = self._client.get_node(node_name=name)
                 made = self._connections.get(name)  # by another call meanwhile
                 if made is not None:
@@ -385,6 +383,10 @@ class _ClusterAppender:
                 health_check_interval=HEALTH_CHECK_INTERVAL,
             )
         return connection
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectionClosed("the appender was closed: nothing was sent")
 
     def node_of(self, key: Any) -> str | None:
         """The node this appender last routed ``key``'s slot to, else the one
@@ -441,8 +443,7 @@ class _ClusterAppender:
         partition's in the order given, and ``after`` (a WAIT or WAITAOF) behind each
         node's; return their replies in that order, and each of ``after``'s replies
         with the indexes of the commands it confirms (those its node stored)."""
-        if self._closed:  # no routing either: it would ask the cluster for its map
-            raise ConnectionClosed("the appender was closed: nothing was sent")
+        self._check_open()  # no routing either: it would ask the cluster for its map
         replies: list[Any] = [None] * len(commands)
         commands = list(commands)  # a write may be sent again with a key undeclared
         # A wait's reply counts only for a node that stored some of its batch,
