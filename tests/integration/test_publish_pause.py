@@ -5,6 +5,7 @@ with OOM)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis
@@ -310,3 +311,120 @@ async def test_writes_in_flight_behind_a_refused_one_do_not_overtake_it(
         proxy.resume()
         admin.config_set("maxmemory", 0)
         admin.close()
+
+
+@pytest.mark.standalone  # a TCP proxy in front of a private server
+async def test_keyless_publishes_refused_behind_a_failed_write_are_written_again(
+    private_server: RedisServer, proxy: Proxy
+) -> None:
+    """Redis refuses a write (out of memory) while three more writes of the same
+    partition are on their way, and memory is back before they arrive: Redis
+    refuses those too, as each follows a write that was not stored. Their
+    messages without an ordering key (single publishes, and calls of 50) are
+    written again, each once, and every such publish returns the ids they were
+    stored under; the keyed ones fail with the refusal, as the refused write's
+    own publishes do."""
+    admin = redis.Redis.from_url(private_server.url)
+    port = await proxy.start("127.0.0.1", private_server.port)
+    # Fewer than 16 single publishes at a time: no write is split in halves.
+    batch = streamsub.BatchSettings(max_messages=1000, max_latency=0.001)
+    try:
+        async with streamsub.connect(f"redis://127.0.0.1:{port}/0", batch_settings=batch) as client:
+            await client.create_topic("again", partitions=1)
+            await client.publish("again", b"before")
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", 1)
+            evals = _evals(admin)
+            proxy.silence_replies()
+            refused = [
+                asyncio.create_task(client.publish("again", f"1-{i}".encode())) for i in range(3)
+            ]
+            await until(lambda: _evals(admin) > evals, 5, "the first write's refusal")
+            admin.config_set("maxmemory", 0)
+            keyless: list[asyncio.Task[Any]] = []
+            keyed: list[asyncio.Task[str]] = []
+            for n in (2, 3, 4):
+                keyless += [
+                    asyncio.create_task(client.publish("again", f"{n}-{i}".encode()))
+                    for i in range(2)
+                ]
+                keyless.append(
+                    asyncio.create_task(
+                        client.publish_many("again", [f"{n}-many-{i}".encode() for i in range(50)])
+                    )
+                )
+                keyed.append(
+                    asyncio.create_task(
+                        client.publish("again", f"{n}-k".encode(), ordering_key="k")
+                    )
+                )
+                await until(lambda n=n: _evals(admin) >= evals + n, 5, f"write {n}")
+            proxy.resume()
+            async with asyncio.timeout(10):
+                outcomes = await asyncio.gather(*refused, *keyed, return_exceptions=True)
+                ids = await asyncio.gather(*keyless)
+            for outcome in outcomes:
+                assert isinstance(outcome, streamsub.ResourceExhaustedError), outcome
+            # The four writes, and the three refused behind the first written again.
+            assert _evals(admin) == evals + 7
+    finally:
+        proxy.resume()
+        admin.config_set("maxmemory", 0)
+    returned = {}
+    for n, call in zip((2, 2, 2, 3, 3, 3, 4, 4, 4), ids, strict=True):
+        for message_id in [call] if isinstance(call, str) else call:
+            returned[message_id.split("-", 1)[1]] = n
+    entries = admin.xrange(stream_key(admin, "again", 0))
+    admin.close()
+    assert [fields[b"d"] for _, fields in entries[:1]] == [b"before"]
+    stored = {entry_id.decode(): fields[b"d"].decode() for entry_id, fields in entries[1:]}
+    expected = {f"{n}-{i}" for n in (2, 3, 4) for i in range(2)}
+    expected |= {f"{n}-many-{i}" for n in (2, 3, 4) for i in range(50)}
+    assert sorted(stored.values()) == sorted(expected)  # each once; nothing keyed, nothing of 1
+    assert returned.keys() == stored.keys()
+    assert all(data.startswith(f"{returned[entry_id]}-") for entry_id, data in stored.items())
+
+
+async def test_keyless_publishes_behind_a_refused_write_answered_late_fail_with_its_refusal(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """With the server out of memory, four calls of five keyless messages each
+    are four writes to one partition in flight together (MAX_IN_FLIGHT); the
+    first comes back late, after those behind it, which Redis refused as
+    following a write that was not stored. Their messages are written again,
+    Redis, still out of memory, refuses them, and every call fails with
+    ResourceExhaustedError (neither with the link's internal error nor
+    waiting): nothing is stored."""
+    admin = redis_client
+    admin.flushall()
+    first_writes: list[int] = []
+
+    class LateFirstWrite(backend_class(server.url)):  # type: ignore[misc]
+        async def append(self, topic, batch, links=None):  # type: ignore[no-untyped-def]
+            results = await super().append(topic, batch, links)
+            if links and all(link.after is None for link in links.values()):
+                first_writes.append(len(first_writes))
+                await asyncio.sleep(0.3)  # the writes behind it come back first
+            return results
+
+    batch = streamsub.BatchSettings(max_messages=5, max_latency=0.001)
+    async with streamsub.Client(LateFirstWrite(server.url), batch_settings=batch) as client:
+        await client.create_topic("late-keyless", partitions=1)
+        config_set(admin, "maxmemory-policy", "noeviction")
+        config_set(admin, "maxmemory", 1)
+        try:
+            evals = _evals(admin)
+            calls = [
+                client.publish_many("late-keyless", [f"{n}-{i}".encode() for i in range(5)])
+                for n in range(4)
+            ]
+            async with asyncio.timeout(10):
+                results = await asyncio.gather(*calls, return_exceptions=True)
+            written = _evals(admin) - evals
+        finally:
+            config_set(admin, "maxmemory", 0)
+    assert first_writes == [0]
+    for result in results:
+        assert isinstance(result, streamsub.ResourceExhaustedError), repr(result)
+    assert written == 4 + 3  # the three behind the first, written again
+    assert _stored(admin, "late-keyless", 1) == {}

@@ -307,6 +307,12 @@ class _Waiter:
             self.future.set_exception(exc)
 
 
+def _waiting(token: _Token) -> bool:
+    """Whether the publish call of ``token`` still waits for its outcome."""
+    waiter = token.waiter
+    return not (waiter.future if isinstance(waiter, _Waiter) else waiter).done()
+
+
 def _fail_waiter(waiter: _Waiter | asyncio.Future[str], exc: BaseException) -> None:
     """Fail the publish call that ``waiter`` stands for, if it is not done."""
     if isinstance(waiter, _Waiter):
@@ -1002,6 +1008,7 @@ class TopicPublisher:
         failed_keys: list[str | None] = []
         gone: TopicNotFoundError | None = None
         stored = 0
+        keyless: list[tuple[int, list[tuple[bytes, _Token]], StreamsubError]] = []
         for partition, messages in batch.items():
             result = results[partition]
             if isinstance(result, BrokenLinkError):  # behind a failed write: its error
@@ -1009,34 +1016,69 @@ class TopicPublisher:
                 earlier = self._settled.get(after) if after is not None else None
                 if partition not in self._failures and earlier is not None:
                     await asyncio.shield(earlier)  # its results are still on their way
-                failed_keys += self._fail(messages, self._failures.get(partition, result))
+                # Nothing of this write was stored. Messages without a key have
+                # no order to keep behind the failed write: written again, once
+                # every other publish of the batch has its outcome.
+                error = self._failures.get(partition, result)
+                keyed = [entry for entry in messages if entry[1].key is not None]
+                if len(keyed) < len(messages):
+                    keyless.append((partition, [e for e in messages if e[1].key is None], error))
+                failed_keys += self._fail(keyed, error)
             elif isinstance(result, StreamsubError):
                 if isinstance(result, TopicNotFoundError):
                     gone = result
                 self._failures.setdefault(partition, result)
                 failed_keys += self._fail(messages, result)
             else:
-                prefix = f"{partition}-"
-                if len(result) != sum([token.length for _, token in messages]):
-                    raise AssertionError(f"{len(result)} ids for a write to partition {partition}")
-                at = 0
-                for _, token in messages:
-                    waiter = token.waiter
-                    if not isinstance(waiter, _Waiter):  # a call of one message: its id
-                        if not waiter.done():
-                            waiter.set_result(prefix + result[at])
-                        at += 1
-                    elif token.length == 1:
-                        waiter.resolve(token.position, prefix + result[at])
-                        at += 1
-                    else:
-                        ids = [prefix + entry_id for entry_id in result[at : at + token.length]]
-                        waiter.resolve_run(token.position, ids)
-                        at += token.length
-                stored += at
+                stored += self._resolve(partition, messages, result)
+        for partition, messages, error in keyless:
+            # A call of many that failed in the meantime is not written in part.
+            again = [entry for entry in messages if _waiting(entry[1])]
+            self._fail([entry for entry in messages if not _waiting(entry[1])], error)
+            if again:
+                result = await self._write_again(partition, again)
+                if isinstance(result, TopicNotFoundError):
+                    gone = result
+                if isinstance(result, StreamsubError):
+                    self._fail(again, result)
+                else:
+                    stored += self._resolve(partition, again, result)
         if stored:
             metrics.on_published(self._topic.name, stored)
         return failed_keys, gone
+
+    async def _write_again(
+        self, partition: int, messages: list[tuple[bytes, _Token]]
+    ) -> list[str] | StreamsubError:
+        """Write ``messages`` (refused behind a failed write of their partition,
+        none with a key) once more, unlinked: their ids, or the write's error."""
+        payload = {partition: b"".join([packed for packed, _ in messages])}
+        try:
+            return (await self._backend.append(self._topic, payload))[partition]
+        except StreamsubError as exc:
+            return exc
+
+    def _resolve(self, partition: int, messages: list[tuple[bytes, _Token]], ids: list[str]) -> int:
+        """Give the publishes of ``messages``, written to ``partition``, their
+        ``ids``; return how many were stored."""
+        prefix = f"{partition}-"
+        if len(ids) != sum([token.length for _, token in messages]):
+            raise AssertionError(f"{len(ids)} ids for a write to partition {partition}")
+        at = 0
+        for _, token in messages:
+            waiter = token.waiter
+            if not isinstance(waiter, _Waiter):  # a call of one message: its id
+                if not waiter.done():
+                    waiter.set_result(prefix + ids[at])
+                at += 1
+            elif token.length == 1:
+                waiter.resolve(token.position, prefix + ids[at])
+                at += 1
+            else:
+                run = [prefix + entry_id for entry_id in ids[at : at + token.length]]
+                waiter.resolve_run(token.position, run)
+                at += token.length
+        return at
 
     def _gone(self, exc: TopicNotFoundError) -> None:
         """The topic was deleted: say so once; later publishes here raise it."""
