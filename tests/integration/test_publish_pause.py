@@ -321,15 +321,23 @@ async def test_keyless_publishes_refused_behind_a_failed_write_are_written_again
     partition are on their way, and memory is back before they arrive: Redis
     refuses those too, as each follows a write that was not stored. Their
     messages without an ordering key (single publishes, and calls of 50) are
-    written again, each once, and every such publish returns the ids they were
-    stored under; the keyed ones fail with the refusal, as the refused write's
-    own publishes do."""
+    written again, each once, and every such publish returns the id it was
+    stored under; the keyed one fails with the refusal, as the refused write's
+    own publishes do, and its caller, resuming the key as soon as it is told,
+    publishes it again at once."""
     admin = redis.Redis.from_url(private_server.url)
     port = await proxy.start("127.0.0.1", private_server.port)
     # Fewer than 16 single publishes at a time: no write is split in halves.
     batch = streamsub.BatchSettings(max_messages=1000, max_latency=0.001)
     try:
         async with streamsub.connect(f"redis://127.0.0.1:{port}/0", batch_settings=batch) as client:
+
+            async def keyed_then_resumed() -> str:
+                with pytest.raises(streamsub.ResourceExhaustedError):
+                    await client.publish("again", b"2-k", ordering_key="k")
+                client.resume_publish("again", "k")
+                return await client.publish("again", b"k-again", ordering_key="k")
+
             await client.create_topic("again", partitions=1)
             await client.publish("again", b"before")
             admin.config_set("maxmemory-policy", "noeviction")
@@ -342,7 +350,6 @@ async def test_keyless_publishes_refused_behind_a_failed_write_are_written_again
             await until(lambda: _evals(admin) > evals, 5, "the first write's refusal")
             admin.config_set("maxmemory", 0)
             keyless: list[asyncio.Task[Any]] = []
-            keyed: list[asyncio.Task[str]] = []
             for n in (2, 3, 4):
                 keyless += [
                     asyncio.create_task(client.publish("again", f"{n}-{i}".encode()))
@@ -353,36 +360,100 @@ async def test_keyless_publishes_refused_behind_a_failed_write_are_written_again
                         client.publish_many("again", [f"{n}-many-{i}".encode() for i in range(50)])
                     )
                 )
-                keyed.append(
-                    asyncio.create_task(
-                        client.publish("again", f"{n}-k".encode(), ordering_key="k")
-                    )
-                )
+                if n == 2:
+                    keyed = asyncio.create_task(keyed_then_resumed())
                 await until(lambda n=n: _evals(admin) >= evals + n, 5, f"write {n}")
             proxy.resume()
             async with asyncio.timeout(10):
-                outcomes = await asyncio.gather(*refused, *keyed, return_exceptions=True)
+                outcomes = await asyncio.gather(*refused, return_exceptions=True)
                 ids = await asyncio.gather(*keyless)
+                keyed_id = await keyed
             for outcome in outcomes:
                 assert isinstance(outcome, streamsub.ResourceExhaustedError), outcome
-            # The four writes, and the three refused behind the first written again.
-            assert _evals(admin) == evals + 7
+            # The four writes, the three refused behind the first written again,
+            # and the keyed message published again.
+            assert _evals(admin) == evals + 8
     finally:
         proxy.resume()
         admin.config_set("maxmemory", 0)
-    returned = {}
+    returned = {keyed_id.split("-", 1)[1]: "k"}
     for n, call in zip((2, 2, 2, 3, 3, 3, 4, 4, 4), ids, strict=True):
         for message_id in [call] if isinstance(call, str) else call:
-            returned[message_id.split("-", 1)[1]] = n
+            returned[message_id.split("-", 1)[1]] = f"{n}-"
     entries = admin.xrange(stream_key(admin, "again", 0))
     admin.close()
     assert [fields[b"d"] for _, fields in entries[:1]] == [b"before"]
     stored = {entry_id.decode(): fields[b"d"].decode() for entry_id, fields in entries[1:]}
     expected = {f"{n}-{i}" for n in (2, 3, 4) for i in range(2)}
     expected |= {f"{n}-many-{i}" for n in (2, 3, 4) for i in range(50)}
-    assert sorted(stored.values()) == sorted(expected)  # each once; nothing keyed, nothing of 1
+    # Each once, nothing of write 1 nor the refused keyed message; the keyed
+    # message published again last (its partition took writes again once the
+    # writes refused behind the failure were back).
+    assert sorted(stored.values()) == sorted([*expected, "k-again"])
+    assert list(stored.values())[-1] == "k-again"
     assert returned.keys() == stored.keys()
-    assert all(data.startswith(f"{returned[entry_id]}-") for entry_id, data in stored.items())
+    assert all(data.startswith(returned[entry_id]) for entry_id, data in stored.items())
+
+
+@pytest.mark.standalone  # a TCP proxy in front of a private server
+async def test_writes_behind_one_redis_acknowledged_then_lost_fail_clearly(
+    private_server: RedisServer, proxy: Proxy
+) -> None:
+    """A write is stored, then lost with its link (its link key deleted, as a
+    failover to a replica that had not received it would lose it) while the
+    next two writes of its partition are on their way: Redis refuses those.
+    Their keyed publishes fail with a BackendError that says so (not the link's
+    internal error), their keyless ones are written again, but for those of a
+    call that also holds a keyed message (it failed: none of it is stored),
+    and after resume_publish the key publishes again."""
+    admin = redis.Redis.from_url(private_server.url)
+    port = await proxy.start("127.0.0.1", private_server.port)
+    batch = streamsub.BatchSettings(max_messages=1000, max_latency=0.001)
+    try:
+        async with streamsub.connect(f"redis://127.0.0.1:{port}/0", batch_settings=batch) as client:
+            await client.create_topic("lost", partitions=1)
+            await client.publish("lost", b"before")
+            stream = stream_key(admin, "lost", 0)
+            evals = _evals(admin)
+            proxy.silence_replies()
+            first = asyncio.create_task(client.publish_many("lost", [b"1"] * 10))
+            await until(lambda: _evals(admin) > evals, 5, "the first write")
+            (link,) = admin.keys(f"{stream}:link:*")
+            admin.delete(link)
+            keyed: list[asyncio.Task[str]] = []
+            keyless: list[asyncio.Task[list[str]]] = []
+            for n in (2, 3):
+                keyed.append(
+                    asyncio.create_task(client.publish("lost", f"{n}-k".encode(), ordering_key="k"))
+                )
+                keyless.append(
+                    asyncio.create_task(client.publish_many("lost", [f"{n}".encode()] * 20))
+                )
+                if n == 2:
+                    mixed = asyncio.create_task(
+                        client.publish_many(
+                            "lost",
+                            [streamsub.OutgoingMessage(data=b"m-k", ordering_key="m"), *[b"m"] * 5],
+                        )
+                    )
+                await until(lambda n=n: _evals(admin) >= evals + n, 5, f"write {n}")
+            proxy.resume()
+            async with asyncio.timeout(10):
+                assert len(await first) == 10
+                outcomes = await asyncio.gather(*keyed, mixed, return_exceptions=True)
+                assert [len(ids) for ids in await asyncio.gather(*keyless)] == [20, 20]
+            for outcome in outcomes:
+                assert type(outcome) is streamsub.BackendError, repr(outcome)
+                assert "is not there any more" in str(outcome)
+            client.resume_publish("lost", "k")
+            await client.publish("lost", b"after", ordering_key="k")
+    finally:
+        proxy.resume()
+    data = [fields[b"d"] for _, fields in admin.xrange(stream)]
+    admin.close()
+    assert data[:11] == [b"before"] + [b"1"] * 10
+    assert sorted(data[11:-1]) == [b"2"] * 20 + [b"3"] * 20
+    assert data[-1] == b"after"
 
 
 async def test_keyless_publishes_behind_a_refused_write_answered_late_fail_with_its_refusal(

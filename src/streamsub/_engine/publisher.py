@@ -41,9 +41,11 @@ store a key's later message without its earlier one. So each write to a
 partition is linked (:class:`~streamsub._backends.base.Link`) to the
 publisher's previous write to it while that one is in flight, and Redis runs it
 only if that one was stored: a failure on a partition also fails the writes
-already in flight behind it (at most ``MAX_IN_FLIGHT - 1``; their publishes get
-the same error and their keys pause), and no new write to the partition starts
-until those have come back. Publish order per key holds through any failure. A
+already in flight behind it (at most ``MAX_IN_FLIGHT - 1``; their keyed
+publishes get the same error and their keys pause, while their messages
+without a key, having no order to keep, are written once more on their own),
+and no new write to the partition starts until those have come back. Publish
+order per key holds through any failure. A
 write's results may come back before those of the write it is linked after (on
 Redis Cluster, when the two went to different nodes: the slot moved, or the
 earlier one's node was not known yet): the linked write then waits for that
@@ -333,6 +335,11 @@ class _Token(NamedTuple):
     key: str | None
     size: int
     length: int = 1
+
+
+_Refused = list[tuple[int, list[tuple[bytes, _Token]], StreamsubError]]
+"""Partitions whose writes were refused behind a failed write: their messages
+without an ordering key, and the error their keyed messages failed with."""
 
 
 class _Ready(NamedTuple):
@@ -983,32 +990,40 @@ class TopicPublisher:
             self._fail_batch(ready, self._unexpected(exc))
             raise
         try:
-            failed_keys, gone = await self._hand_out(batch, links, results)
+            failed_keys, gone, keyless = await self._hand_out(batch, links, results)
         except BaseException as exc:  # the rest fail rather than wait for ever
             self._fail_batch(ready, self._unexpected(exc))
             raise
-        self._gate.release(ready.messages, ready.size)
-        if gone is not None:
-            self._gone(gone)
-        if failed_keys:
-            self._pause(failed_keys)
-            # A deleted topic: nothing queued can be stored in it (and, were it
-            # made anew, not by this publisher's record of it).
-            self._drop_queued(gone)
+        try:
+            if gone is not None:
+                self._gone(gone)
+            if failed_keys:
+                # Paused before any await: a caller told of its failure that
+                # resumes the key at once is not paused again after it.
+                self._pause(failed_keys)
+                # A deleted topic: nothing queued can be stored in it (and, were
+                # it made anew, not by this publisher's record of it).
+                self._drop_queued(gone)
+            if keyless:
+                await self._write_again(keyless)
+        finally:
+            self._gate.release(ready.messages, ready.size)
 
     async def _hand_out(
         self,
         batch: Batch[_Token],
         links: dict[int, Link],
         results: dict[int, list[str] | StreamsubError],
-    ) -> tuple[list[str | None], TopicNotFoundError | None]:
+    ) -> tuple[list[str | None], TopicNotFoundError | None, _Refused]:
         """Give each publish of a written batch its id or its partition's
-        error; return the keys of those that failed, and the error of a
-        deleted topic if the write found one."""
+        error; return the keys of those that failed, the error of a deleted
+        topic if the write found one, and the messages without a key of the
+        partitions whose writes were refused behind a failed one (nothing of
+        them stored), to write again."""
         failed_keys: list[str | None] = []
         gone: TopicNotFoundError | None = None
         stored = 0
-        keyless: list[tuple[int, list[tuple[bytes, _Token]], StreamsubError]] = []
+        keyless: _Refused = []
         for partition, messages in batch.items():
             result = results[partition]
             if isinstance(result, BrokenLinkError):  # behind a failed write: its error
@@ -1016,12 +1031,13 @@ class TopicPublisher:
                 earlier = self._settled.get(after) if after is not None else None
                 if partition not in self._failures and earlier is not None:
                     await asyncio.shield(earlier)  # its results are still on their way
-                # Nothing of this write was stored. Messages without a key have
-                # no order to keep behind the failed write: written again, once
-                # every other publish of the batch has its outcome.
-                error = self._failures.get(partition, result)
+                if partition not in self._failures:
+                    # The earlier write came back stored, yet Redis does not hold
+                    # it now: no write to the partition links behind it any more.
+                    self._failures[partition] = self._lost(partition, result)
+                error = self._failures[partition]
                 keyed = [entry for entry in messages if entry[1].key is not None]
-                if len(keyed) < len(messages):
+                if len(keyed) < len(messages):  # no order to keep: written again
                     keyless.append((partition, [e for e in messages if e[1].key is None], error))
                 failed_keys += self._fail(keyed, error)
             elif isinstance(result, StreamsubError):
@@ -1031,32 +1047,55 @@ class TopicPublisher:
                 failed_keys += self._fail(messages, result)
             else:
                 stored += self._resolve(partition, messages, result)
-        for partition, messages, error in keyless:
-            # A call of many that failed in the meantime is not written in part.
-            again = [entry for entry in messages if _waiting(entry[1])]
-            self._fail([entry for entry in messages if not _waiting(entry[1])], error)
-            if again:
-                result = await self._write_again(partition, again)
-                if isinstance(result, TopicNotFoundError):
-                    gone = result
-                if isinstance(result, StreamsubError):
-                    self._fail(again, result)
-                else:
-                    stored += self._resolve(partition, again, result)
         if stored:
             metrics.on_published(self._topic.name, stored)
-        return failed_keys, gone
+        return failed_keys, gone, keyless
 
-    async def _write_again(
-        self, partition: int, messages: list[tuple[bytes, _Token]]
-    ) -> list[str] | StreamsubError:
-        """Write ``messages`` (refused behind a failed write of their partition,
-        none with a key) once more, unlinked: their ids, or the write's error."""
-        payload = {partition: b"".join([packed for packed, _ in messages])}
+    def _lost(self, partition: int, exc: BrokenLinkError) -> BackendError:
+        error = BackendError(
+            f"a write to partition {partition} of topic {self._topic.name!r} was refused: "
+            "the write before it, which Redis had acknowledged, is not there any more (a "
+            "failover to a replica that had not received it?); nothing of this write was "
+            "stored: publish its messages again (after resume_publish for their ordering keys)"
+        )
+        error.__cause__ = exc
+        return error
+
+    async def _write_again(self, refused: _Refused) -> None:
+        """Write the messages of ``refused`` once more, unlinked, and give their
+        publishes ids or the write's error; a call of many that failed in the
+        meantime is not written in part."""
+        payload: dict[int, bytes] = {}
+        again: dict[int, list[tuple[bytes, _Token]]] = {}
+        for partition, messages, error in refused:
+            self._fail([entry for entry in messages if not _waiting(entry[1])], error)
+            waiting = [entry for entry in messages if _waiting(entry[1])]
+            if waiting:
+                again[partition] = waiting
+                payload[partition] = b"".join([packed for packed, _ in waiting])
+        if not again:
+            return
         try:
-            return (await self._backend.append(self._topic, payload))[partition]
+            results = await self._backend.append(self._topic, payload)
         except StreamsubError as exc:
-            return exc
+            results = dict.fromkeys(again, exc)
+        except BaseException as exc:
+            for messages in again.values():
+                self._fail(messages, self._unexpected(exc))
+            raise
+        stored = 0
+        for partition, messages in again.items():
+            result = results[partition]
+            if isinstance(result, StreamsubError):
+                self._fail(messages, result)
+                if isinstance(result, TopicNotFoundError):
+                    self._gone(result)
+                if isinstance(result, UnavailableError | TopicNotFoundError):
+                    self._drop_queued(result)  # as for any write (see _write)
+            else:
+                stored += self._resolve(partition, messages, result)
+        if stored:
+            metrics.on_published(self._topic.name, stored)
 
     def _resolve(self, partition: int, messages: list[tuple[bytes, _Token]], ids: list[str]) -> int:
         """Give the publishes of ``messages``, written to ``partition``, their
