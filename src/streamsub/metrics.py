@@ -26,8 +26,9 @@ or ``streamsub pull --metrics-port 9464``. What is exported (labels in braces):
 Counters are per process (each process serves its own, as Prometheus expects);
 the topic-wide, cross-process figures are in ``Client.stats()``.
 
-Who reports what: the publisher calls :func:`on_published` once per write,
-with the messages it stored (so a publish pays nothing for it), and the
+Who reports what: the publisher calls :func:`on_published` once per write
+(and once per write again of messages refused behind a failed one), with the
+messages it stored (so a publish pays nothing for it), and the
 retention trimmer :func:`on_dropped_unacked`. The receiver reports
 through the other hooks, each a dictionary update under a lock:
 :func:`on_delivered` when a batch is handed to handlers (``redelivered``: those

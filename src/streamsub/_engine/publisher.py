@@ -337,9 +337,9 @@ class _Token(NamedTuple):
     length: int = 1
 
 
-_Refused = list[tuple[int, list[tuple[bytes, _Token]], StreamsubError]]
-"""Partitions whose writes were refused behind a failed write: their messages
-without an ordering key, and the error their keyed messages failed with."""
+_Refused = list[tuple[int, list[tuple[bytes, _Token]]]]
+"""Partitions whose writes were refused behind a failed write, with their
+messages without an ordering key."""
 
 
 class _Ready(NamedTuple):
@@ -990,24 +990,38 @@ class TopicPublisher:
             self._fail_batch(ready, self._unexpected(exc))
             raise
         try:
-            failed_keys, gone, keyless = await self._hand_out(batch, links, results)
+            failed_keys, gone, refused = await self._hand_out(batch, links, results)
         except BaseException as exc:  # the rest fail rather than wait for ever
             self._fail_batch(ready, self._unexpected(exc))
             raise
+        # Handed out: the writes linked behind this one need not wait for what
+        # follows (their failures are known from _failures).
+        settled = self._settled.get(number)
+        if settled is not None and not settled.done():
+            settled.set_result(None)
+        if gone is not None:
+            self._gone(gone)
+        if failed_keys:
+            # Paused before any await: a caller told of its failure that resumes
+            # the key at once is not paused again by this write.
+            self._pause(failed_keys)
+            # A deleted topic: nothing queued can be stored in it (and, were it
+            # made anew, not by this publisher's record of it).
+            self._drop_queued(gone)
+        again: dict[int, list[tuple[bytes, _Token]]] = {}
+        for partition, entries in refused:
+            # A call of many that failed meanwhile is not written again in part.
+            if waiting := [entry for entry in entries if _waiting(entry[1])]:
+                again[partition] = waiting
+        tokens = [token for entries in again.values() for _, token in entries]
+        held, held_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
+        # Only what is written again keeps its share of flow control meanwhile.
+        self._gate.release(ready.messages - held, ready.size - held_size)
         try:
-            if gone is not None:
-                self._gone(gone)
-            if failed_keys:
-                # Paused before any await: a caller told of its failure that
-                # resumes the key at once is not paused again after it.
-                self._pause(failed_keys)
-                # A deleted topic: nothing queued can be stored in it (and, were
-                # it made anew, not by this publisher's record of it).
-                self._drop_queued(gone)
-            if keyless:
-                await self._write_again(keyless)
+            if again:
+                await self._write_again(again)
         finally:
-            self._gate.release(ready.messages, ready.size)
+            self._gate.release(held, held_size)
 
     async def _hand_out(
         self,
@@ -1023,7 +1037,7 @@ class TopicPublisher:
         failed_keys: list[str | None] = []
         gone: TopicNotFoundError | None = None
         stored = 0
-        keyless: _Refused = []
+        refused: _Refused = []
         for partition, messages in batch.items():
             result = results[partition]
             if isinstance(result, BrokenLinkError):  # behind a failed write: its error
@@ -1035,11 +1049,10 @@ class TopicPublisher:
                     # The earlier write came back stored, yet Redis does not hold
                     # it now: no write to the partition links behind it any more.
                     self._failures[partition] = self._lost(partition, result)
-                error = self._failures[partition]
                 keyed = [entry for entry in messages if entry[1].key is not None]
                 if len(keyed) < len(messages):  # no order to keep: written again
-                    keyless.append((partition, [e for e in messages if e[1].key is None], error))
-                failed_keys += self._fail(keyed, error)
+                    refused.append((partition, [e for e in messages if e[1].key is None]))
+                failed_keys += self._fail(keyed, self._failures[partition])
             elif isinstance(result, StreamsubError):
                 if isinstance(result, TopicNotFoundError):
                     gone = result
@@ -1049,53 +1062,53 @@ class TopicPublisher:
                 stored += self._resolve(partition, messages, result)
         if stored:
             metrics.on_published(self._topic.name, stored)
-        return failed_keys, gone, keyless
+        return failed_keys, gone, refused
 
     def _lost(self, partition: int, exc: BrokenLinkError) -> BackendError:
         error = BackendError(
             f"a write to partition {partition} of topic {self._topic.name!r} was refused: "
-            "the write before it, which Redis had acknowledged, is not there any more (a "
-            "failover to a replica that had not received it?); nothing of this write was "
-            "stored: publish its messages again (after resume_publish for their ordering keys)"
+            "the write before it is not stored on Redis now (it came back stored, so Redis "
+            "lost it: a failover to a replica that had not received it, or its link key "
+            "evicted or expired); nothing of this write was stored: publish its messages "
+            "again (after resume_publish for their ordering keys)"
         )
         error.__cause__ = exc
         return error
 
-    async def _write_again(self, refused: _Refused) -> None:
-        """Write the messages of ``refused`` once more, unlinked, and give their
-        publishes ids or the write's error; a call of many that failed in the
-        meantime is not written in part."""
-        payload: dict[int, bytes] = {}
-        again: dict[int, list[tuple[bytes, _Token]]] = {}
-        for partition, messages, error in refused:
-            self._fail([entry for entry in messages if not _waiting(entry[1])], error)
-            waiting = [entry for entry in messages if _waiting(entry[1])]
-            if waiting:
-                again[partition] = waiting
-                payload[partition] = b"".join([packed for packed, _ in waiting])
-        if not again:
+    async def _write_again(self, again: dict[int, list[tuple[bytes, _Token]]]) -> None:
+        """Write ``again`` (messages without a key, refused behind a failed write)
+        once more, unlinked, as one call, and give their publishes ids or the
+        write's error."""
+        if self._gone_error is not None:  # the topic was deleted meanwhile
+            for messages in again.values():
+                self._fail(messages, TopicNotFoundError(self._gone_error))
             return
+        payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in again.items()}
         try:
-            results = await self._backend.append(self._topic, payload)
-        except StreamsubError as exc:
-            results = dict.fromkeys(again, exc)
-        except BaseException as exc:
+            try:
+                results = await self._backend.append(self._topic, payload)
+            except StreamsubError as exc:
+                results = dict.fromkeys(again, exc)
+                if isinstance(exc, TopicNotFoundError):
+                    self._gone(exc)
+                if isinstance(exc, UnavailableError | TopicNotFoundError):
+                    self._drop_queued(exc)  # as a write that raises it (see _write)
+            stored = 0
+            for partition, messages in again.items():
+                result = results[partition]
+                if isinstance(result, StreamsubError):
+                    self._fail(messages, result)
+                    if isinstance(result, TopicNotFoundError):
+                        self._gone(result)
+                        self._drop_queued(result)
+                else:
+                    stored += self._resolve(partition, messages, result)
+            if stored:
+                metrics.on_published(self._topic.name, stored)
+        except BaseException as exc:  # what is not answered fails rather than wait for ever
             for messages in again.values():
                 self._fail(messages, self._unexpected(exc))
             raise
-        stored = 0
-        for partition, messages in again.items():
-            result = results[partition]
-            if isinstance(result, StreamsubError):
-                self._fail(messages, result)
-                if isinstance(result, TopicNotFoundError):
-                    self._gone(result)
-                if isinstance(result, UnavailableError | TopicNotFoundError):
-                    self._drop_queued(result)  # as for any write (see _write)
-            else:
-                stored += self._resolve(partition, messages, result)
-        if stored:
-            metrics.on_published(self._topic.name, stored)
 
     def _resolve(self, partition: int, messages: list[tuple[bytes, _Token]], ids: list[str]) -> int:
         """Give the publishes of ``messages``, written to ``partition``, their
