@@ -5,6 +5,8 @@ with OOM)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +33,33 @@ def _stored(admin: redis.Redis, topic: str, partitions: int) -> dict[str, list[b
         for _, fields in admin.xrange(stream_key(admin, topic, p)):
             stored.setdefault(fields.get(b"k", b"").decode(), []).append(fields[b"d"])
     return stored
+
+
+def _late_first_writes(url: str, first_writes: set[int]) -> Any:
+    """A backend whose writes linked after nothing (the first of a run of writes
+    in flight to a partition) return their results late, after those behind
+    them; it adds their partitions to ``first_writes``."""
+
+    class LateFirstWrites(backend_class(url)):  # type: ignore[misc]
+        async def append(self, topic, batch, links=None):  # type: ignore[no-untyped-def]
+            results = await super().append(topic, batch, links)
+            if links and any(link.after is None for link in links.values()):
+                first_writes.update(links)
+                await asyncio.sleep(0.3)  # the writes behind it come back first
+            return results
+
+    return LateFirstWrites(url)
+
+
+@contextlib.contextmanager
+def _out_of_memory(admin: redis.Redis) -> Iterator[None]:
+    """Every append refused for want of memory, until the block ends."""
+    config_set(admin, "maxmemory-policy", "noeviction")
+    config_set(admin, "maxmemory", 1)
+    try:
+        yield
+    finally:
+        config_set(admin, "maxmemory", 0)
 
 
 async def test_a_refused_write_pauses_its_keys_until_resumed_and_order_holds(
@@ -188,31 +217,19 @@ async def test_a_refused_write_answered_late_gives_its_error_to_the_writes_behin
     admin = redis_client
     admin.flushall()
     first_writes: set[int] = set()
-
-    class LateFirstWrites(backend_class(server.url)):  # type: ignore[misc]
-        async def append(self, topic, batch, links=None):  # type: ignore[no-untyped-def]
-            results = await super().append(topic, batch, links)
-            if links and any(link.after is None for link in links.values()):
-                first_writes.update(links)
-                await asyncio.sleep(0.3)  # the write behind it comes back first
-            return results
-
     keys = [next(f"late-{k}" for k in range(100) if partition_for_key(f"late-{k}", 4) == p)
             for p in (0, 1)]  # fmt: skip
     batch = streamsub.BatchSettings(max_messages=1, max_latency=0.001)
-    async with streamsub.Client(LateFirstWrites(server.url), batch_settings=batch) as client:
+    backend = _late_first_writes(server.url, first_writes)
+    async with streamsub.Client(backend, batch_settings=batch) as client:
         await client.create_topic("late", partitions=4)
-        config_set(admin, "maxmemory-policy", "noeviction")
-        config_set(admin, "maxmemory", 1)
-        try:
+        with _out_of_memory(admin):
             calls = [
                 client.publish("late", f"{key}:{n}".encode(), ordering_key=key)
                 for key in keys
                 for n in (1, 2)
             ]
             results = await asyncio.gather(*calls, return_exceptions=True)
-        finally:
-            config_set(admin, "maxmemory", 0)
     assert first_writes == {0, 1}, first_writes
     for result in results:
         assert isinstance(result, streamsub.ResourceExhaustedError), repr(result)
@@ -468,22 +485,12 @@ async def test_keyless_publishes_behind_a_refused_write_answered_late_fail_with_
     waiting): nothing is stored."""
     admin = redis_client
     admin.flushall()
-    first_writes: list[int] = []
-
-    class LateFirstWrite(backend_class(server.url)):  # type: ignore[misc]
-        async def append(self, topic, batch, links=None):  # type: ignore[no-untyped-def]
-            results = await super().append(topic, batch, links)
-            if links and all(link.after is None for link in links.values()):
-                first_writes.append(len(first_writes))
-                await asyncio.sleep(0.3)  # the writes behind it come back first
-            return results
-
+    first_writes: set[int] = set()
     batch = streamsub.BatchSettings(max_messages=5, max_latency=0.001)
-    async with streamsub.Client(LateFirstWrite(server.url), batch_settings=batch) as client:
+    backend = _late_first_writes(server.url, first_writes)
+    async with streamsub.Client(backend, batch_settings=batch) as client:
         await client.create_topic("late-keyless", partitions=1)
-        config_set(admin, "maxmemory-policy", "noeviction")
-        config_set(admin, "maxmemory", 1)
-        try:
+        with _out_of_memory(admin):
             evals = _evals(admin)
             calls = [
                 client.publish_many("late-keyless", [f"{n}-{i}".encode() for i in range(5)])
@@ -492,9 +499,7 @@ async def test_keyless_publishes_behind_a_refused_write_answered_late_fail_with_
             async with asyncio.timeout(10):
                 results = await asyncio.gather(*calls, return_exceptions=True)
             written = _evals(admin) - evals
-        finally:
-            config_set(admin, "maxmemory", 0)
-    assert first_writes == [0]
+    assert first_writes == {0}
     for result in results:
         assert isinstance(result, streamsub.ResourceExhaustedError), repr(result)
     assert written == 4 + 3  # the three behind the first, written again
@@ -526,17 +531,13 @@ async def test_publishes_written_again_fail_rather_than_wait_when_their_answer_c
     batch = streamsub.BatchSettings(max_messages=5, max_latency=0.001)
     async with streamsub.Client(ShortAnswerAgain(server.url), batch_settings=batch) as client:
         await client.create_topic("short", partitions=1)
-        config_set(admin, "maxmemory-policy", "noeviction")
-        config_set(admin, "maxmemory", 1)
-        try:
+        with _out_of_memory(admin):
             calls = [
                 client.publish_many("short", [f"{n}-{i}".encode() for i in range(5)])
                 for n in range(2)
             ]
             async with asyncio.timeout(10):
                 first, second = await asyncio.gather(*calls, return_exceptions=True)
-        finally:
-            config_set(admin, "maxmemory", 0)
         assert again == [1]
         assert isinstance(first, streamsub.ResourceExhaustedError), repr(first)
         assert type(second) is streamsub.BackendError, repr(second)
