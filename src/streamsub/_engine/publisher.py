@@ -730,10 +730,12 @@ class TopicPublisher:
             keys.append(token.key)
         return keys
 
-    def _fail_batch(self, ready: _Ready, exc: BaseException) -> None:
-        """Fail every publish of ``ready`` with ``exc`` and pause its keys."""
+    def _fail_batch(self, ready: _Ready, exc: StreamsubError) -> None:
+        """Fail every publish of ``ready`` with ``exc`` and pause its keys; the
+        writes linked behind it fail with ``exc`` too."""
         keys: list[str | None] = []
-        for messages in ready.batch.values():
+        for partition, messages in ready.batch.items():
+            self._failures.setdefault(partition, exc)
             keys += self._fail(messages, exc)
         self._pause(keys)
         self._gate.release(ready.messages, ready.size)
@@ -978,8 +980,6 @@ class TopicPublisher:
         except StreamsubError as exc:  # outcome unknown: every publish of the batch fails
             if isinstance(exc, TopicNotFoundError):
                 self._gone(exc)
-            for partition in batch:
-                self._failures.setdefault(partition, exc)
             self._fail_batch(ready, exc)
             # A lost connection or a deleted topic fails what is queued too.
             self._drop_queued(
@@ -1046,8 +1046,9 @@ class TopicPublisher:
                 if partition not in self._failures and earlier is not None:
                     await asyncio.shield(earlier)  # its results are still on their way
                 if partition not in self._failures:
-                    # The earlier write came back stored, yet Redis does not hold
-                    # it now: no write to the partition links behind it any more.
+                    # The earlier write came back stored (a failed one is in
+                    # _failures), yet Redis does not hold it now: no write to
+                    # the partition links behind it any more.
                     self._failures[partition] = self._lost(partition, result)
                 keyed = [entry for entry in messages if entry[1].key is not None]
                 if len(keyed) < len(messages):  # no order to keep: written again
