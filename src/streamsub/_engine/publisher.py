@@ -309,10 +309,12 @@ class _Waiter:
             self.future.set_exception(exc)
 
 
-def _waiting(token: _Token) -> bool:
-    """Whether the publish call of ``token`` still waits for its outcome."""
+def _failed(token: _Token) -> bool:
+    """Whether the publish call of ``token`` has failed already (a call that
+    was cancelled has not: its messages are written all the same)."""
     waiter = token.waiter
-    return not (waiter.future if isinstance(waiter, _Waiter) else waiter).done()
+    future = waiter.future if isinstance(waiter, _Waiter) else waiter
+    return future.done() and not future.cancelled()
 
 
 def _fail_waiter(waiter: _Waiter | asyncio.Future[str], exc: BaseException) -> None:
@@ -994,32 +996,38 @@ class TopicPublisher:
         except BaseException as exc:  # the rest fail rather than wait for ever
             self._fail_batch(ready, self._unexpected(exc))
             raise
-        # Handed out: the writes linked behind this one need not wait for what
-        # follows (their failures are known from _failures).
-        settled = self._settled.get(number)
-        if settled is not None and not settled.done():
-            settled.set_result(None)
-        if gone is not None:
-            self._gone(gone)
-        if failed_keys:
-            # Paused before any await: a caller told of its failure that resumes
-            # the key at once is not paused again by this write.
-            self._pause(failed_keys)
-            # A deleted topic: nothing queued can be stored in it (and, were it
-            # made anew, not by this publisher's record of it).
-            self._drop_queued(gone)
-        again: dict[int, list[tuple[bytes, _Token]]] = {}
-        for partition, entries in refused:
-            # A call of many that failed meanwhile is not written again in part.
-            if waiting := [entry for entry in entries if _waiting(entry[1])]:
-                again[partition] = waiting
-        tokens = [token for entries in again.values() for _, token in entries]
-        held, held_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
-        # Only what is written again keeps its share of flow control meanwhile.
-        self._gate.release(ready.messages - held, ready.size - held_size)
+        # What the gate still holds of the batch: all of it until the messages
+        # written again are known, then those alone.
+        held, held_size = ready.messages, ready.size
         try:
+            # Handed out: the writes linked behind this one need not wait for
+            # what follows (their failures are known from _failures).
+            settled = self._settled.get(number)
+            if settled is not None and not settled.done():
+                settled.set_result(None)
+            if gone is not None:
+                self._gone(gone)
+            if failed_keys:
+                # Paused before any await: a caller told of its failure that
+                # resumes the key at once is not paused again by this write.
+                self._pause(failed_keys)
+                # A deleted topic: nothing queued can be stored in it (and, were
+                # it made anew, not by this publisher's record of it).
+                self._drop_queued(gone)
+            again: dict[int, list[tuple[bytes, _Token]]] = {}
+            for partition, entries in refused:
+                # A call of many that failed meanwhile is not written again in part.
+                if kept := [entry for entry in entries if not _failed(entry[1])]:
+                    again[partition] = kept
+            tokens = [token for entries in again.values() for _, token in entries]
+            held, held_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
+            self._gate.release(ready.messages - held, ready.size - held_size)
             if again:
                 await self._write_again(again)
+        except BaseException as exc:  # what is not answered fails rather than wait for ever
+            for _, entries in refused:
+                self._fail(entries, self._unexpected(exc))
+            raise
         finally:
             self._gate.release(held, held_size)
 
