@@ -1093,31 +1093,25 @@ class TopicPublisher:
                 self._fail(messages, TopicNotFoundError(self._gone_error))
             return
         payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in again.items()}
+        # An unexpected error fails them in _write, as one in handing them out.
         try:
-            try:
-                results = await self._backend.append(self._topic, payload)
-            except StreamsubError as exc:
-                results = dict.fromkeys(again, exc)
-                if isinstance(exc, TopicNotFoundError):
-                    self._gone(exc)
-                if isinstance(exc, UnavailableError | TopicNotFoundError):
-                    self._drop_queued(exc)  # as a write that raises it (see _write)
-            stored = 0
-            for partition, messages in again.items():
-                result = results[partition]
-                if isinstance(result, StreamsubError):
-                    self._fail(messages, result)
-                    if isinstance(result, TopicNotFoundError):
-                        self._gone(result)
-                        self._drop_queued(result)
-                else:
-                    stored += self._resolve(partition, messages, result)
-            if stored:
-                metrics.on_published(self._topic.name, stored)
-        except BaseException as exc:  # what is not answered fails rather than wait for ever
-            for messages in again.values():
-                self._fail(messages, self._unexpected(exc))
-            raise
+            results = await self._backend.append(self._topic, payload)
+        except StreamsubError as exc:
+            results = dict.fromkeys(again, exc)
+            if isinstance(exc, UnavailableError):
+                self._drop_queued(exc)  # as a write that raises it (see _write)
+        stored = 0
+        for partition, messages in again.items():
+            result = results[partition]
+            if isinstance(result, StreamsubError):
+                self._fail(messages, result)
+                if isinstance(result, TopicNotFoundError):
+                    self._gone(result)
+                    self._drop_queued(result)
+            else:
+                stored += self._resolve(partition, messages, result)
+        if stored:
+            metrics.on_published(self._topic.name, stored)
 
     def _resolve(self, partition: int, messages: list[tuple[bytes, _Token]], ids: list[str]) -> int:
         """Give the publishes of ``messages``, written to ``partition``, their
