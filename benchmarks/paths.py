@@ -103,7 +103,7 @@ async def _one(
         expected = n
     else:
         out = await impl.path_in_child(_METHOD[scenario], param, n, args.size, args.timeout)
-        expected = n if scenario == "many" else n + WARMUP
+        expected = n + WARMUP
     stored = await impl.stored_count()
     if stored != expected:
         msg = f"the server holds {stored} messages, expected {expected}"

@@ -174,8 +174,9 @@ class PathResult:
 
 
 WARMUP = 20
-"""Publishes made, untimed, before an ``each``/``workers`` run: connections are
-open and a library's first-publish lookups are done. They are stored too."""
+"""Messages published, untimed, before an ``each``/``workers``/``calls`` run
+(for ``calls``, as one call): connections are open and a library's
+first-publish lookups are done. They are stored too."""
 
 
 SendBurst = Callable[[Sequence[tuple[int, bytes]]], Awaitable[object]]
@@ -458,6 +459,19 @@ async def each_in_turn(
         await publish_one(seq)
         latencies.append(clock() - began)
     return (clock() - start) / 1e9, latencies
+
+
+async def calls_in_turn(
+    n: int, per_call: int, publish_call: Callable[[range], Awaitable[object]]
+) -> float:
+    """Await ``publish_call(seqs)`` (the library's batch call of the messages
+    ``seqs``) for each ``per_call`` of 0..n-1, one call after the other, after
+    one untimed call of WARMUP messages, as :func:`each_in_turn` warms up."""
+    await publish_call(range(10**9, 10**9 + WARMUP))
+    start = time.perf_counter()
+    for base in range(0, n, per_call):
+        await publish_call(range(base, min(base + per_call, n)))
+    return time.perf_counter() - start
 
 
 async def worker_pool(

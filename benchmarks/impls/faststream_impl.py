@@ -32,6 +32,7 @@ from .base import (
     Implementation,
     Receiver,
     SendBurst,
+    calls_in_turn,
     each_in_turn,
     padding,
     stamp,
@@ -76,7 +77,17 @@ class FastStream(Implementation):
 
     async def publish_calls(self, n: int, size: int, per_call: int) -> float:
         """``broker.publish`` into a pipeline executed every ``per_call`` messages."""
-        return await self._pipelined(n, size, per_call)
+        pad = padding(size)
+        async with make_broker(self.env.redis_url) as broker:
+            client = await broker.connect()
+
+            async def call(seqs: range) -> object:
+                async with client.pipeline(transaction=False) as pipe:
+                    for seq in seqs:
+                        await broker.publish(stamp(seq, pad), stream=STREAM, pipeline=pipe)
+                    return await pipe.execute()
+
+            return await calls_in_turn(n, per_call, call)
 
     async def _pipelined(self, n: int, size: int, chunk: int) -> float:
         pad = padding(size)

@@ -36,6 +36,7 @@ from .base import (
     Implementation,
     Receiver,
     SendBurst,
+    calls_in_turn,
     cluster_nodes,
     each_in_turn,
     padding,
@@ -116,7 +117,16 @@ class Handwritten(Implementation):
 
     async def publish_calls(self, n: int, size: int, per_call: int) -> float:
         """The pipelined loop with ``per_call`` XADDs a pipeline."""
-        return await self._pipelined(n, size, per_call)
+        pad = padding(size)
+        async with self.connection() as (client, streams):
+
+            async def call(seqs: range) -> object:
+                pipe = client.pipeline(transaction=False)
+                for seq in seqs:
+                    pipe.xadd(streams[seq % len(streams)], {FIELD: stamp(seq, pad)})
+                return await pipe.execute()
+
+            return await calls_in_turn(n, per_call, call)
 
     @asynccontextmanager
     async def open_sender(self) -> AsyncIterator[SendBurst]:

@@ -29,6 +29,7 @@ from .base import (
     Implementation,
     Receiver,
     SendBurst,
+    calls_in_turn,
     each_in_turn,
     padding,
     stamp,
@@ -115,15 +116,12 @@ class Nats(Implementation):
         nc = await self._connect()
         try:
             js = nc.jetstream()
-            await nc.flush()
-            start = time.perf_counter()
-            for base in range(0, n, per_call):
-                acks = [
-                    await js.publish_async(SUBJECT, stamp(seq, pad))
-                    for seq in range(base, min(base + per_call, n))
-                ]
-                await asyncio.gather(*acks)
-            return time.perf_counter() - start
+
+            async def call(seqs: range) -> object:
+                acks = [await js.publish_async(SUBJECT, stamp(seq, pad)) for seq in seqs]
+                return await asyncio.gather(*acks)
+
+            return await calls_in_turn(n, per_call, call)
         finally:
             await nc.close()
 

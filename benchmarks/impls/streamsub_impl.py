@@ -30,6 +30,7 @@ from .base import (
     Receiver,
     SendBurst,
     ThreadSafeReceiver,
+    calls_in_turn,
     each_in_turn,
     padding,
     redis_nodes,
@@ -130,16 +131,17 @@ class Streamsub(Implementation):
         streamsub = self.lib()
         pad = padding(size)
         async with streamsub.connect(self.env.redis_url) as client:
-            start = time.perf_counter()
-            for base in range(0, n, per_call):
+
+            async def call(seqs: range) -> object:
                 chunk = [
                     streamsub.OutgoingMessage(
                         data=stamp(seq, pad), ordering_key=self.ordering_key(seq)
                     )
-                    for seq in range(base, min(base + per_call, n))
+                    for seq in seqs
                 ]
-                await client.publish_many(TOPIC, chunk)
-            return time.perf_counter() - start
+                return await client.publish_many(TOPIC, chunk)
+
+            return await calls_in_turn(n, per_call, call)
 
     @asynccontextmanager
     async def open_sender(self) -> AsyncIterator[SendBurst]:
