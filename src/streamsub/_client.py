@@ -693,23 +693,28 @@ class Client:
         coroutine of its own to run); else a coroutine that looks the
         publisher up or waits for room."""
         max_bytes = self._limits.max_message_bytes
+        message: Encoded | bytes
         if type(data) is bytes and ordering_key is None and attributes is None:
-            encoded = encode_data(data, max_bytes)
+            if len(data) > max_bytes:
+                encode_data(data, max_bytes)  # raises MessageTooLargeError
+            message = data  # data alone: packed with its neighbours as it is written
         else:
-            encoded = encode(data, ordering_key, attributes, max_bytes=max_bytes)
+            message = encode(data, ordering_key, attributes, max_bytes=max_bytes)
         publisher = self._publishers.get(topic)
         if publisher is not None and topic not in self._handoffs:
-            future = publisher.submit_one(encoded)
+            future = publisher.submit_one(message)
             if future is not None:
                 return future
-        return self._publish_when_ready(topic, encoded)
+        return self._publish_when_ready(topic, message)
 
-    async def _publish_when_ready(self, topic: str, encoded: Encoded) -> str:
+    async def _publish_when_ready(self, topic: str, message: Encoded | bytes) -> str:
         with self._on_the_way():
             publisher = await self._publisher(topic)
-            future = publisher.submit_one(encoded)
+            future = publisher.submit_one(message)
         if future is not None:
             return await future
+        max_bytes = self._limits.max_message_bytes
+        encoded = encode_data(message, max_bytes) if isinstance(message, bytes) else message
         (message_id,) = await publisher.publish((encoded,))
         return message_id
 

@@ -16,7 +16,7 @@ import redis
 import streamsub
 from streamsub import metrics
 from streamsub._backends.base import Link, TopicRecord
-from streamsub._core.codec import encode, unpack_fields
+from streamsub._core.codec import decode, encode, unpack_fields
 from streamsub._engine.publisher import TopicPublisher
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
@@ -177,3 +177,61 @@ async def test_a_run_whose_lengths_pass_the_batch_end_stores_nothing(
         assert _stored(redis_client, "short", 1) == {f"0-{entry_id}": data}
     finally:
         await backend.close()
+
+
+async def test_single_publishes_of_every_shape_from_a_crowd_share_writes(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """300 callers on 4 partitions, each awaiting single publishes in turn, of
+    every shape: data alone (queued as it is and packed in runs as written,
+    empty data among it), with attributes, with an ordering key, and a
+    ``publish_many`` now and then, so that writes hold runs of data between
+    encoded messages on one partition. Every id names the message published,
+    with its attributes and key; every message is stored once; each key's
+    messages are on one partition."""
+    redis_client.flushall()
+    keys = [f"k{i}" for i in range(7)]
+    published: dict[str, tuple[bytes, str | None, dict[str, str]]] = {}
+
+    async def caller(c: int) -> None:
+        for i in range(12):
+            data = f"c{c}:{i}".encode() if (c + i) % 11 else b""
+            shape = (c * 5 + i) % 6
+            if shape == 5:
+                batch = [data, b"m" + data]
+                ids = await client.publish_many("shapes", batch)
+                for message_id, body in zip(ids, batch, strict=True):
+                    published[message_id] = (body, None, {})
+                continue
+            key = keys[(c + i) % 7] if shape == 3 else None
+            attributes = {"caller": str(c), "n": str(i)} if shape == 4 else None
+            message_id = await client.publish(
+                "shapes", data, ordering_key=key, attributes=attributes
+            )
+            published[message_id] = (data, key, attributes or {})
+
+    async with streamsub.connect(server.url) as client:
+        await client.create_topic("shapes", partitions=4)
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(caller(c) for c in range(300)))
+
+    stored: dict[str, tuple[bytes, str | None, dict[str, str]]] = {}
+    for partition in range(4):
+        entries = redis_client.xrange(stream_key(redis_client, "shapes", partition))
+        for entry_id, fields in entries:
+            decoded = decode([item for pair in fields.items() for item in pair])
+            stored[f"{partition}-{entry_id.decode()}"] = (
+                decoded.data,
+                decoded.ordering_key,
+                decoded.attributes,
+            )
+    assert len(published) == 300 * 12 + sum(
+        1 for c in range(300) for i in range(12) if (c * 5 + i) % 6 == 5
+    )
+    assert stored == published
+    partitions_of: dict[str, set[str]] = {}
+    for message_id, (_, key, _) in stored.items():
+        if key is not None:
+            partitions_of.setdefault(key, set()).add(message_id.split("-", 1)[0])
+    assert sorted(partitions_of) == keys
+    assert all(len(partitions) == 1 for partitions in partitions_of.values())

@@ -206,6 +206,8 @@ def pack_data(datas: Sequence[bytes], sizes: Sequence[int]) -> bytes:
     count and the lengths in one ``struct.pack``, then the data joined, with no
     step per message in Python."""
     count = len(datas)
+    if count == 1:  # a single publish's, most often
+        return b"".join((_DATA_ONLY, _LEN.pack(sizes[0]), datas[0]))
     return b"".join((_RUN, struct.pack(f">{count + 1}I", count, *sizes), *datas))
 
 

@@ -337,6 +337,32 @@ class _Token(NamedTuple):
     key: str | None
     size: int
     length: int = 1
+    data: bool = False
+    """Whether the entry's bytes are a single publish's data alone, not yet
+    packed: a write packs such neighbours as one run (:func:`_packed`)."""
+
+
+def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
+    """One partition's part of a write: its entries' bytes in order, those of
+    single publishes of data alone packed as runs (``codec.pack_data``)."""
+    datas = [entry for entry, token in entries if token.data]
+    if not datas:
+        return b"".join([entry for entry, _ in entries])
+    if len(datas) == len(entries):
+        return pack_data(datas, [token.size for _, token in entries])
+    parts: list[bytes] = []
+    run: list[bytes] = []
+    for entry, token in entries:
+        if token.data:
+            run.append(entry)
+            continue
+        if run:
+            parts.append(pack_data(run, [len(data) for data in run]))
+            run = []
+        parts.append(entry)
+    if run:
+        parts.append(pack_data(run, [len(data) for data in run]))
+    return b"".join(parts)
 
 
 _Refused = list[tuple[int, list[tuple[bytes, _Token]]]]
@@ -457,8 +483,8 @@ class TopicPublisher:
                         break
         return sticky.current
 
-    def _partition(self, message: Encoded) -> int:
-        key = message.ordering_key
+    def _partition(self, key: str | None) -> int:
+        """The partition of a message with ordering key ``key``."""
         if key is None:
             return self._keyless()
         partition = self._key_partitions.get(key)
@@ -486,15 +512,21 @@ class TopicPublisher:
             return None
         return self._enqueue(messages, size)
 
-    def submit_one(self, message: Encoded) -> asyncio.Future[str] | None:
+    def submit_one(self, message: Encoded | bytes) -> asyncio.Future[str] | None:
         """:meth:`submit` of one message: the future of its id (no list of ids,
-        no waiter to fill: a single publish is most publishes)."""
+        no waiter to fill: a single publish is most publishes). ``message``:
+        encoded, or the data of a message that is data alone (checked: within
+        the size limit), queued as it is and packed in a run with its
+        neighbours when written."""
         if self._closed:
             raise self._closed_error()
-        key = message.ordering_key
-        if key is not None and key in self._paused:
-            raise OrderingKeyPausedError(self._topic.name, key)
-        size = message.size
+        if isinstance(message, bytes):
+            packed, size, key, data = message, len(message), None, True
+        else:
+            packed, size, key = message
+            data = False
+            if key is not None and key in self._paused:
+                raise OrderingKeyPausedError(self._topic.name, key)
         if not self._gate.try_take(1, size):
             return None
         future: asyncio.Future[str] = self._flusher_loop().create_future()
@@ -506,12 +538,12 @@ class TopicPublisher:
         if key is None:
             partition = self._keyless() if self._node_of else self._sticky.current
         else:
-            partition = self._partition(message)
-        token = _Token(future, 0, key, size)
+            partition = self._partition(key)
+        token = _Token(future, 0, key, size, 1, data)
         crowd = self._crowd
         crowd.published()
         batcher.concurrency = crowd.concurrency
-        if batcher.add(partition, message.packed, size, token, self._clock(), lone=True):
+        if batcher.add(partition, packed, size, token, self._clock(), lone=True):
             self._close_batch()
         self._queued_messages += 1
         self._queued_bytes += size
@@ -653,8 +685,9 @@ class TopicPublisher:
                     self._close_batch()
                 self._open_messages += 1
                 self._open_bytes += message.size
-                token = _Token(waiter, index, message.ordering_key, message.size)
-                if batcher.add(self._partition(message), message.packed, message.size, token, now):
+                key = message.ordering_key
+                token = _Token(waiter, index, key, message.size)
+                if batcher.add(self._partition(key), message.packed, message.size, token, now):
                     self._close_batch()
         else:
             self._enqueue_runs(
@@ -969,7 +1002,7 @@ class TopicPublisher:
 
     async def _write(self, ready: _Ready, links: dict[int, Link], number: int) -> None:
         batch = ready.batch
-        payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in batch.items()}
+        payload = {p: _packed(messages) for p, messages in batch.items()}
         try:
             try:
                 if ready.unrouted is not None:
@@ -1092,7 +1125,7 @@ class TopicPublisher:
             for messages in again.values():
                 self._fail(messages, TopicNotFoundError(self._gone_error))
             return
-        payload = {p: b"".join([packed for packed, _ in messages]) for p, messages in again.items()}
+        payload = {p: _packed(messages) for p, messages in again.items()}
         # An unexpected error fails them in _write, as one in handing them out.
         try:
             results = await self._backend.append(self._topic, payload)
