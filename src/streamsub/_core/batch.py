@@ -31,6 +31,7 @@ so its Python cost per message is its encoding, not the batch's bookkeeping.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
@@ -52,6 +53,7 @@ class Batcher(Generic[T]):
     __slots__ = (
         "_bytes",
         "_count",
+        "_crowd_from",
         "_free_below",
         "_lone",
         "_open",
@@ -69,6 +71,8 @@ class Batcher(Generic[T]):
         self._settings = settings
         self._free_below = free_below
         self._split_at = split_at
+        self._crowd_from = 2 * split_at if split_at else sys.maxsize
+        """The least :attr:`concurrency` that is a crowd worth two writes."""
         self.concurrency = 0
         """Single publishes outstanding at the publisher's recent peak (the owner
         sets it): from ``2 * split_at`` on, a batch is full when its single
@@ -126,11 +130,12 @@ class Batcher(Generic[T]):
         settings = self._settings
         if self._count >= settings.max_messages or self._bytes >= settings.max_bytes:
             return True
-        return lone and self._crowded() and 2 * self._lone >= self.concurrency
+        concurrency = self.concurrency  # _crowded(), without its call: most adds ask
+        return lone and concurrency >= self._crowd_from and 2 * self._lone >= concurrency
 
     def _crowded(self) -> bool:
         """Whether the publisher's recent peak is a crowd worth two writes."""
-        return bool(self._split_at) and self.concurrency >= 2 * self._split_at
+        return self.concurrency >= self._crowd_from
 
     def fitting(self, sizes: Sequence[int], start: int, rest: int) -> int:
         """How many of the messages of ``sizes[start:]`` (``rest`` bytes in all)

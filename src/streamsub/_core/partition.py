@@ -30,17 +30,15 @@ def partition_for_key(ordering_key: str, partitions: int) -> int:
 class StickyPartitioner:
     """Spreads keyless messages evenly, one partition per batch."""
 
-    __slots__ = ("_current", "_partitions")
+    __slots__ = ("_partitions", "current")
 
     def __init__(self, partitions: int, *, start: int = 0) -> None:
         self._partitions = partitions
-        self._current = start % partitions
-
-    @property
-    def current(self) -> int:
-        """The partition that keyless messages go to until the next ``advance``."""
-        return self._current
+        self.current = start % partitions
+        """The partition that keyless messages go to until the next
+        :meth:`advance` (read it; an attribute, not a property: every single
+        publish reads it)."""
 
     def advance(self) -> None:
         """Move on to the next partition (called when a batch is taken)."""
-        self._current = (self._current + 1) % self._partitions
+        self.current = (self.current + 1) % self._partitions

@@ -84,7 +84,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from .. import metrics
 from .._backends.base import Backend, BrokenLinkError, Link, TopicRecord
@@ -365,6 +365,13 @@ def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
     return b"".join(parts)
 
 
+_lone_token = cast(
+    "Callable[[tuple[asyncio.Future[str], int, str | None, int, int, bool]], _Token]",
+    functools.partial(tuple.__new__, _Token),
+)
+"""``_Token`` of a tuple of all its fields, without the Python frame of a named
+tuple's ``__new__`` (a single publish makes one)."""
+
 _Refused = list[tuple[int, list[tuple[bytes, _Token]]]]
 """Partitions whose writes were refused behind a failed write, with their
 messages without an ordering key."""
@@ -529,7 +536,11 @@ class TopicPublisher:
                 raise OrderingKeyPausedError(self._topic.name, key)
         if not self._gate.try_take(1, size):
             return None
-        future: asyncio.Future[str] = self._flusher_loop().create_future()
+        loop, task = self._loop, self._task
+        if loop is None or task is None or task.done():
+            loop = self._flusher_loop()
+        # The loop's create_future, less its Python frame (most publishes pass here).
+        future: asyncio.Future[str] = asyncio.Future(loop=loop)
         batcher = self._batcher
         if batcher.would_overflow(size):
             self._close_batch()
@@ -539,7 +550,7 @@ class TopicPublisher:
             partition = self._keyless() if self._node_of else self._sticky.current
         else:
             partition = self._partition(key)
-        token = _Token(future, 0, key, size, 1, data)
+        token = _lone_token((future, 0, key, size, 1, data))
         crowd = self._crowd
         crowd.published()
         batcher.concurrency = crowd.concurrency
