@@ -97,6 +97,11 @@ class Batcher(Generic[T]):
         return self._count > 0 and self._bytes + size > self._settings.max_bytes
 
     @property
+    def size(self) -> int:
+        """The open batch's bytes."""
+        return self._bytes
+
+    @property
     def lone(self) -> int:
         """The single publishes in the open batch."""
         return self._lone

@@ -436,10 +436,6 @@ class TopicPublisher:
         splits (``_core/crowd.py``, ``_core/batch.py``)."""
         self._one_server = False
         """The backend said it has one server (``write_groups`` None)."""
-        self._open_messages = 0
-        self._open_bytes = 0
-        self._queued_messages = 0
-        self._queued_bytes = 0
         self._entering = 0
         self._wake = asyncio.Event()
         self._closed = False
@@ -462,7 +458,11 @@ class TopicPublisher:
     @property
     def queued(self) -> tuple[int, int]:
         """Messages and bytes published and not yet handed to a write."""
-        return self._queued_messages, self._queued_bytes
+        parts = list(self._ready)
+        return (
+            len(self._batcher) + sum([part.messages for part in parts]),
+            self._batcher.size + sum([part.size for part in parts]),
+        )
 
     def paused(self, ordering_key: str) -> bool:
         """Whether a failed publish paused ``ordering_key`` on this topic."""
@@ -544,8 +544,6 @@ class TopicPublisher:
         batcher = self._batcher
         if batcher.would_overflow(size):
             self._close_batch()
-        self._open_messages += 1
-        self._open_bytes += size
         if key is None:
             partition = self._keyless() if self._node_of else self._sticky.current
         else:
@@ -556,8 +554,6 @@ class TopicPublisher:
         batcher.concurrency = crowd.concurrency
         if batcher.add(partition, packed, size, token, self._clock(), lone=True):
             self._close_batch()
-        self._queued_messages += 1
-        self._queued_bytes += size
         self._wake.set()
         return future
 
@@ -671,8 +667,6 @@ class TopicPublisher:
             start,
             self._clock(),
         )
-        self._queued_messages += end - start
-        self._queued_bytes += part_size
         self._wake.set()
 
     def _flusher_loop(self) -> asyncio.AbstractEventLoop:
@@ -694,8 +688,6 @@ class TopicPublisher:
             for index, message in enumerate(messages):
                 if batcher.would_overflow(message.size):
                     self._close_batch()
-                self._open_messages += 1
-                self._open_bytes += message.size
                 key = message.ordering_key
                 token = _Token(waiter, index, key, message.size)
                 if batcher.add(self._partition(key), message.packed, message.size, token, now):
@@ -709,8 +701,6 @@ class TopicPublisher:
                 0,
                 now,
             )
-        self._queued_messages += count
-        self._queued_bytes += size
         self._wake.set()
         return waiter.future
 
@@ -736,17 +726,15 @@ class TopicPublisher:
                 continue
             end = start + taken
             run_size = rest if end == count else sum(sizes[start:end])
-            self._open_messages += taken
-            self._open_bytes += run_size
             token = _Token(waiter, position + start, None, run_size, taken)
             if batcher.add(self._keyless(), pack(start, end), run_size, token, now, taken):
                 self._close_batch()
             start, rest = end, rest - run_size
 
     def _close_batch(self) -> None:
-        lone = self._batcher.lone
-        ready = _Ready(self._batcher.take(), self._open_messages, self._open_bytes, lone=lone)
-        self._open_messages = self._open_bytes = 0
+        batcher = self._batcher
+        messages, size, lone = len(batcher), batcher.size, batcher.lone
+        ready = _Ready(batcher.take(), messages, size, lone=lone)
         self._sticky.advance()
         try:
             parts = self._per_node(ready)
@@ -831,8 +819,6 @@ class TopicPublisher:
 
         self._ready.rebuild(keep)
         self._pause(failed_keys)
-        self._queued_messages -= dropped
-        self._queued_bytes -= dropped_size
         self._crowd.dropped(dropped_lone)
         self._gate.release(dropped, dropped_size)
 
@@ -960,8 +946,6 @@ class TopicPublisher:
         """Start the write of ``ready``: started in order, written in order (the
         backend sends each write behind the previous one on its node's
         connection)."""
-        self._queued_messages -= ready.messages
-        self._queued_bytes -= ready.size
         links = self._links(ready)
         number = next(iter(links.values())).number
         self._crowd.started(number, ready.lone)  # before an eager task can answer it
