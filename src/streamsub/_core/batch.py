@@ -56,6 +56,8 @@ class Batcher(Generic[T]):
         "_crowd_from",
         "_free_below",
         "_lone",
+        "_max_bytes",
+        "_max_messages",
         "_open",
         "_opened_at",
         "_settings",
@@ -69,6 +71,8 @@ class Batcher(Generic[T]):
         if split_at < 0:
             raise ValueError(f"split_at must not be negative, got {split_at}")
         self._settings = settings
+        self._max_messages = settings.max_messages
+        self._max_bytes = settings.max_bytes
         self._free_below = free_below
         self._split_at = split_at
         self._crowd_from = 2 * split_at if split_at else sys.maxsize
@@ -94,7 +98,7 @@ class Batcher(Generic[T]):
 
     def would_overflow(self, size: int) -> bool:
         """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""
-        return self._count > 0 and self._bytes + size > self._settings.max_bytes
+        return self._count > 0 and self._bytes + size > self._max_bytes
 
     @property
     def size(self) -> int:
@@ -122,21 +126,24 @@ class Batcher(Generic[T]):
         single publish, its caller's only message); return True when the batch
         is full and must be taken now: at the settings' limits, or when its
         single publishes reach half of a crowd (:attr:`concurrency`)."""
-        if self._count == 0:
+        # Locals and no calls: a single publish makes one add.
+        if not self._count:
             self._opened_at = now
         messages = self._open.get(partition)
         if messages is None:
             self._open[partition] = [(packed, token)]
         else:
             messages.append((packed, token))
-        self._count += count
-        self._bytes += size
-        self._lone += lone
-        settings = self._settings
-        if self._count >= settings.max_messages or self._bytes >= settings.max_bytes:
+        self._count = count = self._count + count
+        self._bytes = size = self._bytes + size
+        if count >= self._max_messages or size >= self._max_bytes:
+            self._lone += lone
             return True
-        concurrency = self.concurrency  # _crowded(), without its call: most adds ask
-        return lone and concurrency >= self._crowd_from and 2 * self._lone >= concurrency
+        if not lone:
+            return False
+        self._lone = lone_count = self._lone + 1
+        concurrency = self.concurrency
+        return concurrency >= self._crowd_from and 2 * lone_count >= concurrency
 
     def _crowded(self) -> bool:
         """Whether the publisher's recent peak is a crowd worth two writes."""

@@ -27,11 +27,13 @@ __all__ = ["PausedKeys", "PublishBudget"]
 class PublishBudget:
     """Outstanding messages and bytes of one client, against its limits."""
 
-    __slots__ = ("_ignore", "_settings", "bytes", "messages")
+    __slots__ = ("_byte_limit", "_ignore", "_message_limit", "_settings", "bytes", "messages")
 
     def __init__(self, settings: PublishFlowControl) -> None:
         self._settings = settings
         self._ignore = settings.limit_exceeded_behavior is LimitExceededBehavior.IGNORE
+        self._message_limit = settings.message_limit
+        self._byte_limit = settings.byte_limit
         self.messages = 0
         self.bytes = 0
 
@@ -68,18 +70,15 @@ class PublishBudget:
 
     def try_take(self, messages: int, size: int) -> bool:
         """:meth:`take` the call if it :meth:`fits`, in one step; return whether it did."""
-        settings = self._settings
-        if not (
-            self._ignore
-            or (self.messages == 0 and self.bytes == 0)
-            or (
-                self.messages + messages <= settings.message_limit
-                and self.bytes + size <= settings.byte_limit
-            )
+        # Within both limits first: the common case, asked on every publish.
+        after, size_after = self.messages + messages, self.bytes + size
+        if (
+            (after > self._message_limit or size_after > self._byte_limit)
+            and not self._ignore
+            and (self.messages or self.bytes)
         ):
             return False
-        self.messages += messages
-        self.bytes += size
+        self.messages, self.bytes = after, size_after
         return True
 
     def take(self, messages: int, size: int) -> None:
