@@ -61,19 +61,25 @@ RECHECK = 1.0
 set later is used from at most this long after (``refresh()`` at once)."""
 _cached: tuple[float, Any] | None = None
 """(when checked, the tracer or None)."""
+_known_until = float("-inf")
+"""Until when :func:`active` may answer :data:`_known` without asking
+:func:`_tracer` (the monotonic clock)."""
+_known = False
 
 
 def refresh() -> None:
     """Look for the tracer provider again on the next publish or handling."""
-    global _cached
+    global _cached, _known_until
     _cached = None
+    _known_until = float("-inf")
 
 
 def _tracer() -> Any | None:
     """streamsub's tracer, or None while no SDK is set up (then spans would be
     no-ops, and skipping them keeps a plain publish as fast as without tracing)."""
-    global _cached
+    global _cached, _known, _known_until
     if not ENABLED:
+        _known, _known_until = False, float("inf")
         return None
     now = time.monotonic()
     if _cached is not None and now - _cached[0] < RECHECK:
@@ -85,14 +91,14 @@ def _tracer() -> Any | None:
     if not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         tracer = provider.get_tracer("streamsub")
     _cached = (now, tracer)
+    _known, _known_until = tracer is not None, now + RECHECK
     return tracer
 
 
 def active() -> bool:
     """Whether handling and publishing are traced now (an SDK is set up)."""
-    cached = _cached  # _tracer()'s answer, without its call: asked on every publish
-    if cached is not None and time.monotonic() - cached[0] < RECHECK:
-        return cached[1] is not None
+    if time.monotonic() < _known_until:  # _tracer()'s answer, without its call: every publish asks
+        return _known
     return _tracer() is not None
 
 

@@ -49,12 +49,12 @@ class CrowdMeter:
 
     def published(self) -> None:
         """A single publish was queued."""
-        self._queued += 1
-        outstanding = self._queued + self._writing
-        if outstanding > self._peak:
+        self._queued = queued = self._queued + 1
+        outstanding = queued + self._writing
+        if outstanding > self._peak:  # never above concurrency: only then can this be
             self._peak = outstanding
-        if outstanding > self.concurrency:
-            self.concurrency = outstanding
+            if outstanding > self.concurrency:
+                self.concurrency = outstanding
 
     def dropped(self, count: int) -> None:
         """``count`` queued single publishes failed before any write took them."""

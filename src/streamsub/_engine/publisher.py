@@ -81,6 +81,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import operator
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -342,14 +343,22 @@ class _Token(NamedTuple):
     packed: a write packs such neighbours as one run (:func:`_packed`)."""
 
 
+_bytes_of = operator.itemgetter(0)
+_token_of = operator.itemgetter(1)
+_is_data = operator.attrgetter("data")
+_length_of = operator.attrgetter("length")
+_waiter_of = operator.attrgetter("waiter")
+
+
 def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
     """One partition's part of a write: its entries' bytes in order, those of
     single publishes of data alone packed as runs (``codec.pack_data``)."""
-    datas = [entry for entry, token in entries if token.data]
-    if not datas:
-        return b"".join([entry for entry, _ in entries])
-    if len(datas) == len(entries):
-        return pack_data(datas, [token.size for _, token in entries])
+    # No Python step a message where the entries are all of one kind.
+    if not any(map(_is_data, map(_token_of, entries))):
+        return b"".join(map(_bytes_of, entries))
+    if all(map(_is_data, map(_token_of, entries))):
+        datas = list(map(_bytes_of, entries))
+        return pack_data(datas, list(map(len, datas)))
     parts: list[bytes] = []
     run: list[bytes] = []
     for entry, token in entries:
@@ -1145,8 +1154,15 @@ class TopicPublisher:
         """Give the publishes of ``messages``, written to ``partition``, their
         ``ids``; return how many were stored."""
         prefix = f"{partition}-"
-        if len(ids) != sum([token.length for _, token in messages]):
+        if len(ids) != sum(map(_length_of, map(_token_of, messages))):
             raise AssertionError(f"{len(ids)} ids for a write to partition {partition}")
+        waiters = list(map(_waiter_of, map(_token_of, messages)))
+        if _Waiter not in map(type, waiters):  # single publishes alone (a crowd's)
+            lone = cast("list[asyncio.Future[str]]", waiters)  # each of one message
+            for future, entry_id in zip(lone, ids, strict=True):
+                if not future.done():
+                    future.set_result(prefix + entry_id)
+            return len(ids)
         at = 0
         for _, token in messages:
             waiter = token.waiter
