@@ -674,7 +674,8 @@ class Client:
         Waits for room, or raises :class:`FlowControlLimitError`, as the client's
         ``PublishFlowControl`` says.
         """
-        self._check_open()
+        if self._closed:  # _check_open(), its call spared on every publish
+            self._check_open()
         if tracing.active():
             with tracing.publish_span(topic, 1):
                 attributes = tracing.inject(attributes)
