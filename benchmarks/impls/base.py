@@ -175,8 +175,9 @@ class PathResult:
 
 WARMUP = 20
 """Messages published, untimed, before an ``each``/``workers``/``calls`` run
-(for ``calls``, as one call): connections are open and a library's
-first-publish lookups are done. They are stored too."""
+(for ``calls``, as calls of one message each, which reach every partition and
+so every master): connections are open and a library's first-publish lookups
+are done. They are stored too."""
 
 
 SendBurst = Callable[[Sequence[tuple[int, bytes]]], Awaitable[object]]
@@ -466,8 +467,9 @@ async def calls_in_turn(
 ) -> float:
     """Await ``publish_call(seqs)`` (the library's batch call of the messages
     ``seqs``) for each ``per_call`` of 0..n-1, one call after the other, after
-    one untimed call of WARMUP messages, as :func:`each_in_turn` warms up."""
-    await publish_call(range(10**9, 10**9 + WARMUP))
+    WARMUP untimed calls of one message each, as :func:`each_in_turn` warms up."""
+    for seq in range(10**9, 10**9 + WARMUP):
+        await publish_call(range(seq, seq + 1))
     start = time.perf_counter()
     for base in range(0, n, per_call):
         await publish_call(range(base, min(base + per_call, n)))

@@ -191,6 +191,9 @@ class HandwrittenCluster(Handwritten):
         client = RedisCluster(startup_nodes=cluster_nodes(self.env.redis_url))
         try:
             await client.initialize()
+            # Every master's connection open before any clock starts, as the
+            # one-server loop's PING opens its one.
+            await client.ping(target_nodes=RedisCluster.PRIMARIES)  # type: ignore[misc]
             yield client, spread_streams(client, CLUSTER_STREAMS)
         finally:
             await client.aclose()

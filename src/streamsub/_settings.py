@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_ACK_DEADLINE",
     "DEFAULT_MAX_DELIVERY_ATTEMPTS",
     "DEFAULT_PARTITIONS",
+    "MAX_MESSAGE_BYTES",
     "MAX_PARTITIONS",
     "BatchSettings",
     "Durability",
@@ -31,6 +32,9 @@ DEFAULT_PARTITIONS = 16
 """Partitions of a new topic: enough for 16 subscribers to share the work."""
 MAX_PARTITIONS = 1024
 """More partitions cost a stream each and make every read wider."""
+MAX_MESSAGE_BYTES = 2**32 - 1
+"""The most ``Limits.max_message_bytes`` may be: a message's parts are written
+with 32-bit lengths."""
 DEFAULT_ACK_DEADLINE = 30.0
 """Seconds a delivered message may sit without ack or lease extension (Pub/Sub: 10)."""
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 5
@@ -166,13 +170,21 @@ class Limits:
     """Hard limits on what is published.
 
     ``max_message_bytes`` (default 10 MB, as Pub/Sub) bounds a message's data
-    plus its ordering key and attributes, as encoded.
+    plus its ordering key and attributes, as encoded; at most 2**32 - 1
+    (``MAX_MESSAGE_BYTES``: a message's parts are written with 32-bit lengths;
+    Redis itself refuses an argument over its ``proto-max-bulk-len``, 512 MB
+    by default).
     """
 
     max_message_bytes: int = 10_000_000
 
     def __post_init__(self) -> None:
         _positive("Limits", "max_message_bytes", self.max_message_bytes, integer=True)
+        if self.max_message_bytes > MAX_MESSAGE_BYTES:
+            raise InvalidArgumentError(
+                f"Limits.max_message_bytes is at most {MAX_MESSAGE_BYTES} (a message's "
+                f"parts are written with 32-bit lengths), got {self.max_message_bytes}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

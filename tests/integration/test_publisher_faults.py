@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pytest
 import redis
@@ -18,6 +19,7 @@ import redis
 import streamsub
 from streamsub._backends.base import BrokenLinkError, Link, TopicRecord
 from streamsub._core.codec import encode
+from streamsub._engine import publisher as publisher_module
 from streamsub._engine.publisher import MAX_IN_FLIGHT, PublishGate, TopicPublisher
 from streamsub._errors import (
     OrderingKeyPausedError,
@@ -559,3 +561,52 @@ async def test_single_publishes_fail_with_the_write_error_and_give_their_room_ba
             assert gone == []
     finally:
         await backend.close()
+
+
+async def test_a_batch_that_cannot_be_packed_fails_its_publishes_and_later_ones_are_stored(
+    server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packing a write's single publishes of data alone (as one run, when the
+    write is built) raises an unexpected error for one batch: 30 single
+    publishes queued in one step, in batches of 10, with attributes on some of
+    them. The publishes of that batch raise BackendError saying so, none hangs,
+    flow control's room comes back, and later publishes are stored, each once."""
+    redis_client.flushall()
+    packed = publisher_module.pack_data
+
+    def pack_data(datas: Sequence[bytes], sizes: Sequence[int]) -> bytes:
+        if b"poison" in datas:
+            raise struct.error("'I' format requires 0 <= number <= 4294967295")
+        return packed(datas, sizes)
+
+    monkeypatch.setattr(publisher_module, "pack_data", pack_data)
+    async with streamsub.Client(
+        TEST_BACKEND(server.url), batch_settings=streamsub.BatchSettings(max_messages=10)
+    ) as client:
+        await client.create_topic("packing", partitions=4)
+        await client.publish("packing", b"warm-up")
+        calls = [
+            client.publish(
+                "packing",
+                b"poison" if i == 3 else b"one-%d" % i,
+                attributes={"n": str(i)} if i % 4 == 0 else None,
+            )
+            for i in range(30)
+        ]
+        async with asyncio.timeout(10):  # a publish left hanging fails here
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert len(failed) == 10, results  # the first batch's
+        assert all(
+            isinstance(r, streamsub.BackendError) and "unexpected error" in str(r) for r in failed
+        ), failed
+        async with asyncio.timeout(10):
+            after = await asyncio.gather(
+                *(client.publish("packing", b"after-%d" % i) for i in range(30))
+            )
+        gate = client._publish_gate
+        await until(lambda: gate.outstanding == (0, 0), 10, "every write's room back")
+    ids = _ids(results) + list(after)
+    assert len(ids) == len(set(ids)) == 50
+    assert _stored(redis_client, "packing", 4) >= set(ids)
+    assert len(_stored(redis_client, "packing", 4)) == 51  # and the warm-up

@@ -86,9 +86,11 @@ def test_error_message_shows_the_bad_value(cls: type, field: str) -> None:
 
 @pytest.mark.parametrize(("cls", "field"), INTEGER_FIELDS)
 def test_integer_fields_accept_positive_ints(cls: type, field: str) -> None:
-    """A positive int is accepted for a count or byte size."""
+    """A positive int is accepted for a count or byte size, up to its limit if it
+    has one (a message's size: test_limits_refuse_a_message_size_past_32_bit_lengths)."""
+    large = 2**32 - 1 if (cls, field) == (Limits, "max_message_bytes") else 2**40
     assert getattr(cls(**{field: 1}), field) == 1
-    assert getattr(cls(**{field: 2**40}), field) == 2**40
+    assert getattr(cls(**{field: large}), field) == large
 
 
 def test_number_fields_accept_ints_and_floats() -> None:
@@ -214,3 +216,11 @@ def test_limit_exceeded_behavior_has_pubsubs_names() -> None:
     """The behaviours are Pub/Sub's BLOCK, ERROR and IGNORE, as strings."""
     assert [b.name for b in LimitExceededBehavior] == ["BLOCK", "ERROR", "IGNORE"]
     assert LimitExceededBehavior.ERROR == "error"
+
+
+def test_limits_refuse_a_message_size_past_32_bit_lengths() -> None:
+    """Limits.max_message_bytes goes up to 2**32 - 1, the most a message's
+    32-bit lengths can carry, and refuses more with an error that says so."""
+    assert Limits(max_message_bytes=2**32 - 1).max_message_bytes == 2**32 - 1
+    with pytest.raises(InvalidArgumentError, match=r"at most 4294967295 .*32-bit"):
+        Limits(max_message_bytes=2**32)

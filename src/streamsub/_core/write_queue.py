@@ -16,7 +16,7 @@ No I/O: the publisher starts what :meth:`WriteQueue.take` hands out.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Generic, TypeAlias, TypeVar
 
 __all__ = ["WriteQueue"]
@@ -45,12 +45,6 @@ class WriteQueue(Generic[T]):
 
     def __len__(self) -> int:
         return self.count
-
-    def __iter__(self) -> Iterator[T]:
-        """The waiting writes' items, in queue order."""
-        return iter(
-            [entry[2] for entry in sorted(e for line in self._lines.values() for e in line)]
-        )
 
     def add(self, node: str | None, partitions: Iterable[int], item: T, serial: int = 0) -> None:
         """Queue ``item``, a write to ``partitions`` on ``node``, behind the

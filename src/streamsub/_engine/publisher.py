@@ -353,6 +353,9 @@ _waiter_of = operator.attrgetter("waiter")
 def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
     """One partition's part of a write: its entries' bytes in order, those of
     single publishes of data alone packed as runs (``codec.pack_data``)."""
+    if len(entries) == 1:  # a lone publish's write
+        entry, token = entries[0]
+        return pack_data([entry], [token.size]) if token.data else entry
     # No Python step a message where the entries are all of one kind.
     if not any(map(_is_data, map(_token_of, entries))):
         return b"".join(map(_bytes_of, entries))
@@ -467,7 +470,7 @@ class TopicPublisher:
     @property
     def queued(self) -> tuple[int, int]:
         """Messages and bytes published and not yet handed to a write."""
-        parts = list(self._ready)
+        parts = self._ready.items()
         return (
             len(self._batcher) + sum([part.messages for part in parts]),
             self._batcher.size + sum([part.size for part in parts]),
@@ -548,8 +551,7 @@ class TopicPublisher:
         loop, task = self._loop, self._task
         if loop is None or task is None or task.done():
             loop = self._flusher_loop()
-        # The loop's create_future, less its Python frame (most publishes pass here).
-        future: asyncio.Future[str] = asyncio.Future(loop=loop)
+        future: asyncio.Future[str] = loop.create_future()
         batcher = self._batcher
         if batcher.would_overflow(size):
             self._close_batch()
@@ -1006,11 +1008,13 @@ class TopicPublisher:
 
     async def _write(self, ready: _Ready, links: dict[int, Link], number: int) -> None:
         batch = ready.batch
-        payload = {p: _packed(messages) for p, messages in batch.items()}
         try:
             try:
                 if ready.unrouted is not None:
                     raise ready.unrouted
+                # Packed in here: an unexpected error packing fails the batch's
+                # publishes, as one writing it does, rather than leave them waiting.
+                payload = {p: _packed(messages) for p, messages in batch.items()}
                 results = await self._backend.append(self._topic, payload, links)
             finally:
                 # A round of writes ends: how many callers publish at once now.
@@ -1156,13 +1160,14 @@ class TopicPublisher:
         prefix = f"{partition}-"
         if len(ids) != sum(map(_length_of, map(_token_of, messages))):
             raise AssertionError(f"{len(ids)} ids for a write to partition {partition}")
-        waiters = list(map(_waiter_of, map(_token_of, messages)))
-        if _Waiter not in map(type, waiters):  # single publishes alone (a crowd's)
-            lone = cast("list[asyncio.Future[str]]", waiters)  # each of one message
-            for future, entry_id in zip(lone, ids, strict=True):
-                if not future.done():
-                    future.set_result(prefix + entry_id)
-            return len(ids)
+        if len(messages) > 1:
+            waiters = list(map(_waiter_of, map(_token_of, messages)))
+            if _Waiter not in map(type, waiters):  # single publishes alone (a crowd's)
+                lone = cast("list[asyncio.Future[str]]", waiters)  # each of one message
+                for future, entry_id in zip(lone, ids, strict=True):
+                    if not future.done():
+                        future.set_result(prefix + entry_id)
+                return len(ids)
         at = 0
         for _, token in messages:
             waiter = token.waiter
