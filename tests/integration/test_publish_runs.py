@@ -17,7 +17,7 @@ import streamsub
 from streamsub import metrics
 from streamsub._backends.base import Link, TopicRecord
 from streamsub._core.codec import decode, encode, unpack_fields
-from streamsub._engine.publisher import TopicPublisher
+from streamsub._engine.publisher import TopicPublisher, _Token
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
 from tests._layout import TEST_BACKEND, stream_key
@@ -235,3 +235,34 @@ async def test_single_publishes_of_every_shape_from_a_crowd_share_writes(
             partitions_of.setdefault(key, set()).add(message_id.split("-", 1)[0])
     assert sorted(partitions_of) == keys
     assert all(len(partitions) == 1 for partitions in partitions_of.values())
+
+
+async def test_a_single_publishs_queued_token_holds_what_was_published(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The token a single publish queues (built without the named tuple's
+    ``__new__``, see ``_lone_token``) holds, field by field, its future, its
+    key, its size, one message and whether it is data alone, for data alone
+    and for a keyed message; both are stored under the ids they return."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url) as client:
+        await client.create_topic("tokens", partitions=2)
+        await client.publish("tokens", b"warm-up")  # the topic's publisher exists
+        publisher = client._publishers["tokens"]
+        plain = publisher.submit_one(b"plain")
+        keyed = publisher.submit_one(encode(b"keyed", "k", max_bytes=2**20))
+        assert plain is not None
+        assert keyed is not None
+        # Still in the open batch: no await since they were queued.
+        entries = [entry for queued in publisher._batcher._open.values() for entry in queued]
+        assert [packed for packed, _ in entries[:1]] == [b"plain"]
+        tokens = [token for _, token in entries]
+        assert tokens == [
+            _Token(waiter=plain, position=0, key=None, size=5, length=1, data=True),
+            _Token(waiter=keyed, position=0, key="k", size=6, length=1, data=False),
+        ]
+        assert [len(token) for token in tokens] == [len(_Token._fields)] * 2
+        async with asyncio.timeout(10):
+            ids = [await plain, await keyed]
+    stored = _stored(redis_client, "tokens", 2)
+    assert [stored[message_id] for message_id in ids] == [b"plain", b"keyed"]

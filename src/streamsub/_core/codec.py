@@ -162,16 +162,22 @@ def encode(
         if raw_key:
             key = ordering_key
             size += len(raw_key)
+    fields: list[bytes] = []
     if attributes:
-        fields = [_DATA, payload]
+        fields += (_DATA, payload)
         if key is not None:
             fields += (_KEY, raw_key)
         size += _encode_attributes(attributes, fields)
-        packed = pack_fields(fields)
     elif attributes is not None and not isinstance(attributes, Mapping):
         raise InvalidTypeError(
             f"attributes must be a mapping of str to str, got {type(attributes).__name__}"
         )
+    # Before packing: a message too large is not copied, nor (past 32-bit
+    # lengths) packed at all.
+    if size > max_bytes:
+        raise _too_large(size, max_bytes)
+    if fields:
+        packed = pack_fields(fields)
     elif key is None:  # the common shapes, packed without a loop
         packed = b"".join((_DATA_ONLY, _LEN.pack(size), payload))
     else:
@@ -185,8 +191,6 @@ def encode(
                 raw_key,
             )
         )
-    if size > max_bytes:
-        raise _too_large(size, max_bytes)
     return Encoded(packed, size, key)
 
 
