@@ -237,32 +237,36 @@ async def test_single_publishes_of_every_shape_from_a_crowd_share_writes(
     assert all(len(partitions) == 1 for partitions in partitions_of.values())
 
 
-async def test_a_single_publishs_queued_token_holds_what_was_published(
+async def test_single_publishes_queue_data_alone_in_the_lane_and_keyed_ones_as_tokens(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """The token a single publish queues (built without the named tuple's
-    ``__new__``, see ``_lone_token``) holds, field by field, its future, its
-    key, its size, one message and whether it is data alone, for data alone
-    and for a keyed message; both are stored under the ids they return."""
+    """Single publishes of data alone wait in the batch's lane (their data as it
+    is, their futures, in publish order); a keyed one queues a token (built
+    without the named tuple's ``__new__``, see ``_new_token``) that holds, field
+    by field, its future, its key, its size and one message. All are stored
+    under the ids they return."""
     redis_client.flushall()
     async with streamsub.connect(server.url) as client:
         await client.create_topic("tokens", partitions=2)
         await client.publish("tokens", b"warm-up")  # the topic's publisher exists
         publisher = client._publishers["tokens"]
-        plain = publisher.submit_one(b"plain")
+        plain = [publisher.submit_one(b"plain-%d" % i) for i in range(3)]
         keyed = publisher.submit_one(encode(b"keyed", "k", max_bytes=2**20))
-        assert plain is not None
         assert keyed is not None
         # Still in the open batch: no await since they were queued.
+        datas, futures = publisher._batcher.lane
+        assert datas == [b"plain-0", b"plain-1", b"plain-2"]
+        assert futures == plain
         entries = [entry for queued in publisher._batcher._open.values() for entry in queued]
-        assert [packed for packed, _ in entries[:1]] == [b"plain"]
         tokens = [token for _, token in entries]
-        assert tokens == [
-            _Token(waiter=plain, position=0, key=None, size=5, length=1, data=True),
-            _Token(waiter=keyed, position=0, key="k", size=6, length=1, data=False),
-        ]
-        assert [len(token) for token in tokens] == [len(_Token._fields)] * 2
+        assert tokens == [_Token(waiter=keyed, position=0, key="k", size=6, length=1)]
+        assert [len(token) for token in tokens] == [len(_Token._fields)]
         async with asyncio.timeout(10):
-            ids = [await plain, await keyed]
+            ids = [await future for future in [*plain, keyed] if future is not None]
     stored = _stored(redis_client, "tokens", 2)
-    assert [stored[message_id] for message_id in ids] == [b"plain", b"keyed"]
+    assert [stored[message_id] for message_id in ids] == [
+        b"plain-0",
+        b"plain-1",
+        b"plain-2",
+        b"keyed",
+    ]

@@ -13,7 +13,7 @@ from streamsub._settings import BatchSettings
 
 def batcher(
     max_messages: int = 1000, max_bytes: int = 2**20, max_latency: float = 0.5
-) -> Batcher[str]:
+) -> Batcher[str, str]:
     """A batcher whose tokens are message names."""
     settings = BatchSettings(
         max_messages=max_messages, max_bytes=max_bytes, max_latency=max_latency
@@ -161,20 +161,20 @@ def test_while_writes_are_in_flight_max_latency_is_the_ceiling() -> None:
 def test_free_below_sets_how_many_writes_leave_the_writer_free() -> None:
     """With free_below=2 one write in flight still leaves the writer free; two do not."""
     settings = BatchSettings(max_latency=0.5)
-    b: Batcher[str] = Batcher(settings, free_below=2)
+    b: Batcher[str, str] = Batcher(settings, free_below=2)
     b.add(0, b"m", 1, "a", now=3.0)
     assert b.due(writes_in_flight=1) == pytest.approx(3.0)
     assert b.due(writes_in_flight=2) == pytest.approx(3.5)
 
 
-def crowd(concurrency: int, *, split_at: int = 8, max_latency: float = 0.5) -> Batcher[str]:
+def crowd(concurrency: int, *, split_at: int = 8, max_latency: float = 0.5) -> Batcher[str, str]:
     """A batcher whose publisher has seen ``concurrency`` single publishes outstanding."""
-    b: Batcher[str] = Batcher(BatchSettings(max_latency=max_latency), split_at=split_at)
+    b: Batcher[str, str] = Batcher(BatchSettings(max_latency=max_latency), split_at=split_at)
     b.concurrency = concurrency
     return b
 
 
-def lone(b: Batcher[str], name: str, now: float = 0.0) -> bool:
+def lone(b: Batcher[str, str], name: str, now: float = 0.0) -> bool:
     """Add a single publish (its caller's only message)."""
     return b.add(0, b"m", 1, name, now, lone=True)
 
@@ -274,7 +274,7 @@ def test_in_a_crowd_the_settings_limits_still_close_a_batch(
 ) -> None:
     """Half of 10,000 is past max_messages (and max_bytes): the batch closes at the
     settings' limit."""
-    b: Batcher[str] = Batcher(settings, split_at=8)
+    b: Batcher[str, str] = Batcher(settings, split_at=8)
     b.concurrency = 10_000
     assert [lone(b, f"m{i}") for i in range(closing)] == [False] * (closing - 1) + [True]
 
@@ -290,7 +290,7 @@ def test_free_below_must_be_positive() -> None:
         Batcher(BatchSettings(), free_below=0)
 
 
-def _one_at_a_time(b: Batcher[str], sizes: list[int]) -> int:
+def _one_at_a_time(b: Batcher[str, str], sizes: list[int]) -> int:
     """How many of ``sizes`` join ``b``'s open batch added one by one, as the
     publisher adds messages with ordering keys."""
     taken = 0
@@ -375,7 +375,7 @@ def test_keyed_messages_of_a_publish_many_never_wait_for_the_timer_and_keep_key_
     full (at 1,000 and 2,000 messages) at a clock that never moves, the tail of
     500 is due at once while the writer is free, and the batches, in the order
     taken, hold each key's messages in publish order."""
-    b: Batcher[tuple[str, int]] = Batcher(BatchSettings(max_messages=1000, max_latency=HOUR))
+    b: Batcher[tuple[str, int], str] = Batcher(BatchSettings(max_messages=1000, max_latency=HOUR))
     taken: list[Batch[tuple[str, int]]] = []
     closed_at: list[int] = []
     for index in range(2500):
@@ -396,3 +396,66 @@ def test_keyed_messages_of_a_publish_many_never_wait_for_the_timer_and_keep_key_
                 order.setdefault(key, []).append(index)
     assert len(order) == 50
     assert all(indices == list(range(int(key[4:]), 2500, 50)) for key, indices in order.items())
+
+
+@given(
+    concurrency=st.integers(0, 600),
+    max_messages=st.integers(1, 300),
+    max_bytes=st.integers(1, 4000),
+    shapes=st.lists(st.tuples(st.booleans(), st.integers(0, 120)), min_size=1, max_size=400),
+)
+def test_the_lane_closes_batches_exactly_as_single_publishes_added_one_by_one(
+    concurrency: int, max_messages: int, max_bytes: int, shapes: list[tuple[bool, int]]
+) -> None:
+    """Single publishes of data alone added to the lane (``add_data``) and others
+    (``add``, keyed, lone or not) in any mix close batches at the same messages,
+    count the same messages, bytes and single publishes, and open them at the
+    same time, as the same publishes all added with ``add(..., lone=True)``; each
+    batch's lane holds its data and waiters in publish order, and taking the
+    batch leaves the lane it handed out as it was."""
+    settings = BatchSettings(max_messages=max_messages, max_bytes=max_bytes, max_latency=1.0)
+    lanes: Batcher[str, str] = Batcher(settings, split_at=8)
+    plain: Batcher[str, str] = Batcher(settings, split_at=8)
+    lanes.concurrency = plain.concurrency = concurrency
+    taken: list[tuple[list[bytes], list[str], Batch[str]]] = []
+    expected: list[list[str]] = []
+    for index, (data_alone, size) in enumerate(shapes):
+        name, data, now = f"m{index}", b"x" * size, float(index)
+        assert lanes.would_overflow(size) == plain.would_overflow(size)
+        if lanes.would_overflow(size):
+            datas, waiters = lanes.lane
+            taken.append((datas, waiters, lanes.take()))
+            expected.append([t for ts in plain.take().values() for _, t in ts])
+        if data_alone:
+            full = lanes.add_data(data, name, now)
+        else:
+            full = lanes.add(index % 4, data, size, name, now, lone=True)
+        assert full == plain.add(index % 4, data, size, name, now, lone=True)
+        assert (len(lanes), lanes.size, lanes.lone) == (len(plain), plain.size, plain.lone)
+        assert lanes.deadline() == plain.deadline()
+        assert lanes.due(1) == plain.due(1)
+        if full:
+            datas, waiters = lanes.lane
+            taken.append((datas, waiters, lanes.take()))
+            expected.append([t for ts in plain.take().values() for _, t in ts])
+            assert lanes.lane == ([], [])
+    for (datas, waiters, batch), names in zip(taken, expected, strict=True):
+        in_lane = [name for name in names if shapes[int(name[1:])][0]]
+        assert waiters == in_lane
+        assert datas == [b"x" * shapes[int(name[1:])][1] for name in in_lane]
+        assert sorted(t for ts in batch.values() for _, t in ts) == sorted(
+            name for name in names if name not in in_lane
+        )
+
+
+def test_a_lane_alone_opens_and_times_its_batch() -> None:
+    """A batch of lane publishes alone is due as any batch is: at once while the
+    writer is free, else at its first message's time plus max_latency."""
+    b = batcher(max_latency=0.5)
+    assert b.add_data(b"a", "a", 3.0) is False
+    assert b.add_data(b"bc", "b", 4.0) is False
+    assert (len(b), b.size, b.lone) == (2, 3, 2)
+    assert b.due(writes_in_flight=0) == 3.0
+    assert b.due(writes_in_flight=1) == 3.5
+    assert b.take() == {}
+    assert (len(b), b.size, b.lone, b.deadline()) == (0, 0, 0, None)

@@ -107,7 +107,7 @@ def test_a_burst_beside_a_small_crowd_is_not_cut_into_its_halves() -> None:
     their batches grow too (doubling), and 1,000 go out in a handful of
     batches, not a hundred of 10."""
     meter = CrowdMeter()
-    batcher: Batcher[int] = Batcher(BatchSettings(), split_at=8)
+    batcher: Batcher[int, int] = Batcher(BatchSettings(), split_at=8)
     for _ in range(20):
         meter.published()
     meter.started(1, 20)

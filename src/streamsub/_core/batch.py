@@ -23,6 +23,13 @@ caller however many messages it has: its messages count toward neither. On
 Redis Cluster the crowd is the whole topic's, and each half is then written
 as one write per master.
 
+Single publishes of data alone (no ordering key, no attributes: most
+publishes) wait in the batch's lane (:meth:`Batcher.add_data`), their data as it
+is beside the waiter of each, rather than as an entry apiece: the owner writes
+the lane as one run, to the partition it picks as it takes the batch, so that
+such a publish costs one append here, and its data one join when written. They
+close the batch as they would as entries: the lane is bookkeeping, not a rule.
+
 An entry may stand for a run of messages (``count`` of them, packed one after
 the other): a ``publish_many`` of messages without ordering keys joins the
 batch in as few entries as the batch limits allow (:meth:`Batcher.fitting`),
@@ -41,19 +48,22 @@ from .._settings import BatchSettings
 __all__ = ["Batch", "Batcher"]
 
 T = TypeVar("T")
+W = TypeVar("W")
 
 Batch = dict[int, list[tuple[bytes, T]]]
 """Partition -> its messages in publish order, each entry as (packed message or
 run of messages, token)."""
 
 
-class Batcher(Generic[T]):
-    """Collects messages into one open batch; the caller takes it when it closes."""
+class Batcher(Generic[T, W]):
+    """Collects messages into one open batch; the caller takes it when it closes.
+    ``T``: an entry's token; ``W``: a lane publish's waiter."""
 
     __slots__ = (
         "_bytes",
         "_count",
         "_crowd_from",
+        "_datas",
         "_free_below",
         "_lone",
         "_max_bytes",
@@ -62,6 +72,7 @@ class Batcher(Generic[T]):
         "_opened_at",
         "_settings",
         "_split_at",
+        "_waiters",
         "concurrency",
     )
 
@@ -83,6 +94,8 @@ class Batcher(Generic[T]):
         publishes reach half of it. 0 (or a ``split_at`` of 0): batches are
         never split for a crowd."""
         self._open: Batch[T] = {}
+        self._datas: list[bytes] = []
+        self._waiters: list[W] = []
         self._count = 0
         self._lone = 0
         self._bytes = 0
@@ -145,6 +158,30 @@ class Batcher(Generic[T]):
         concurrency = self.concurrency
         return concurrency >= self._crowd_from and 2 * lone_count >= concurrency
 
+    def add_data(self, data: bytes, waiter: W, now: float) -> bool:
+        """Add a single publish of data alone (its caller's only message, no
+        ordering key, no attributes) to the batch's lane: kept as it is, with
+        its ``waiter``, and handed out by :meth:`take_lane` as the batch is taken
+        (written to the partition its owner picks then). Return as :meth:`add`
+        with ``lone=True``."""
+        if not self._count:
+            self._opened_at = now
+        self._datas.append(data)
+        self._waiters.append(waiter)
+        self._count = count = self._count + 1
+        self._bytes = size = self._bytes + len(data)
+        self._lone = lone = self._lone + 1
+        if count >= self._max_messages or size >= self._max_bytes:
+            return True
+        concurrency = self.concurrency
+        return concurrency >= self._crowd_from and 2 * lone >= concurrency
+
+    @property
+    def lane(self) -> tuple[list[bytes], list[W]]:
+        """The open batch's lane (:meth:`add_data`): its data and their waiters,
+        in publish order (left as they are by :meth:`take`)."""
+        return self._datas, self._waiters
+
     def _crowded(self) -> bool:
         """Whether the publisher's recent peak is a crowd worth two writes."""
         return self.concurrency >= self._crowd_from
@@ -203,6 +240,7 @@ class Batcher(Generic[T]):
         """Close the open batch and return it; a new one opens on the next add."""
         batch = self._open
         self._open = {}
+        self._datas, self._waiters = [], []
         self._count = 0
         self._lone = 0
         self._bytes = 0

@@ -132,9 +132,10 @@ def _forget_death(write: asyncio.Task[None]) -> None:
         write.exception()
 
 
-def _is_lone(token: _Token) -> bool:
-    """Whether ``token`` is a single publish (``submit_one``: a bare future)."""
-    return type(token.waiter) is not _Waiter
+def _lone(token: _Token) -> int:
+    """The single publishes (``submit_one``) of ``token``: one for a bare
+    future, each of a lane's run, none of a call's waiter."""
+    return 0 if type(token.waiter) is _Waiter else token.length
 
 
 class _Entry:
@@ -310,79 +311,89 @@ class _Waiter:
             self.future.set_exception(exc)
 
 
+class _Lane:
+    """A batch's lane (``Batcher.add_data``) as it is written: the single
+    publishes of data alone that it gathered, in publish order, their data not
+    yet packed (:func:`_packed` packs them as one run) and the future of each
+    one's id."""
+
+    __slots__ = ("datas", "futures", "sizes")
+
+    def __init__(self, datas: list[bytes], futures: list[asyncio.Future[str]]) -> None:
+        self.datas = datas
+        self.sizes = list(map(len, datas))
+        self.futures = futures
+
+    def resolve(self, prefix: str, ids: list[str]) -> None:
+        """Give each its id: ``prefix`` and its entry id."""
+        for future, entry_id in zip(self.futures, ids, strict=True):
+            if not future.done():
+                future.set_result(prefix + entry_id)
+
+    def fail(self, exc: BaseException) -> None:
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(exc)
+
+
 def _failed(token: _Token) -> bool:
     """Whether the publish call of ``token`` has failed already (a call that
     was cancelled has not: its messages are written all the same)."""
     waiter = token.waiter
+    if isinstance(waiter, _Lane):  # single publishes, failed together if at all
+        return any(future.done() and not future.cancelled() for future in waiter.futures)
     future = waiter.future if isinstance(waiter, _Waiter) else waiter
     return future.done() and not future.cancelled()
 
 
-def _fail_waiter(waiter: _Waiter | asyncio.Future[str], exc: BaseException) -> None:
+def _fail_waiter(waiter: _Waiter | _Lane | asyncio.Future[str], exc: BaseException) -> None:
     """Fail the publish call that ``waiter`` stands for, if it is not done."""
-    if isinstance(waiter, _Waiter):
+    if isinstance(waiter, _Waiter | _Lane):
         waiter.fail(exc)
     elif not waiter.done():  # one message's own future (see submit_one)
         waiter.set_exception(exc)
 
 
 class _Token(NamedTuple):
-    """One queued message, or a run of ``length`` messages of one call without
-    ordering keys (packed one after the other, see ``_core/batch.py``): whose
-    they are, and what the bookkeeping needs of them (``size``: of them all).
-    ``waiter``: the call's, or for a call of one message (:meth:`TopicPublisher.
-    submit_one`, the shape of most calls) the future of its id."""
+    """One queued message, a run of ``length`` messages of one call without
+    ordering keys (packed one after the other, see ``_core/batch.py``), or a
+    batch's lane of ``length`` single publishes of data alone: whose they are,
+    and what the bookkeeping needs of them (``size``: of them all).
+    ``waiter``: the call's; for a call of one message (:meth:`TopicPublisher.
+    submit_one`, the shape of most calls) the future of its id; for a lane, the
+    lane (its entry's bytes are empty: :func:`_packed` packs the lane's)."""
 
-    waiter: _Waiter | asyncio.Future[str]
+    waiter: _Waiter | _Lane | asyncio.Future[str]
     position: int
     key: str | None
     size: int
     length: int = 1
-    data: bool = False
-    """Whether the entry's bytes are a single publish's data alone, not yet
-    packed: a write packs such neighbours as one run (:func:`_packed`)."""
 
 
-_bytes_of = operator.itemgetter(0)
 _token_of = operator.itemgetter(1)
-_is_data = operator.attrgetter("data")
 _length_of = operator.attrgetter("length")
-_waiter_of = operator.attrgetter("waiter")
 
 
 def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
-    """One partition's part of a write: its entries' bytes in order, those of
-    single publishes of data alone packed as runs (``codec.pack_data``)."""
-    if len(entries) == 1:  # a lone publish's write
+    """One partition's part of a write: its entries' bytes in order, a lane's
+    data packed as one run (``codec.pack_data``)."""
+    if len(entries) == 1:  # a lone publish's write, or a crowd's lane
         entry, token = entries[0]
-        return pack_data([entry], [token.size]) if token.data else entry
-    # No Python step a message where the entries are all of one kind.
-    if not any(map(_is_data, map(_token_of, entries))):
-        return b"".join(map(_bytes_of, entries))
-    if all(map(_is_data, map(_token_of, entries))):
-        datas = list(map(_bytes_of, entries))
-        return pack_data(datas, list(map(len, datas)))
-    parts: list[bytes] = []
-    run: list[bytes] = []
+        lane = token.waiter
+        return pack_data(lane.datas, lane.sizes) if type(lane) is _Lane else entry
+    parts = []
     for entry, token in entries:
-        if token.data:
-            run.append(entry)
-            continue
-        if run:
-            parts.append(pack_data(run, [len(data) for data in run]))
-            run = []
-        parts.append(entry)
-    if run:
-        parts.append(pack_data(run, [len(data) for data in run]))
+        lane = token.waiter
+        parts.append(pack_data(lane.datas, lane.sizes) if type(lane) is _Lane else entry)
     return b"".join(parts)
 
 
-_lone_token = cast(
-    "Callable[[tuple[asyncio.Future[str], int, str | None, int, int, bool]], _Token]",
+_new_token = cast(
+    "Callable[[tuple[asyncio.Future[str] | _Lane, int, str | None, int, int]], _Token]",
     functools.partial(tuple.__new__, _Token),
 )
 """``_Token`` of a tuple of all its fields, without the Python frame of a named
-tuple's ``__new__`` (a single publish makes one)."""
+tuple's ``__new__`` (each single publish, or each batch's lane, makes one)."""
 
 _Refused = list[tuple[int, list[tuple[bytes, _Token]]]]
 """Partitions whose writes were refused behind a failed write, with their
@@ -425,7 +436,7 @@ class TopicPublisher:
         self._topic = topic
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
-        self._batcher: Batcher[_Token] = Batcher(
+        self._batcher: Batcher[_Token, asyncio.Future[str]] = Batcher(
             settings, free_below=WRITER_FREE_BELOW, split_at=SPLIT_AT
         )
         self._max_batch = settings.max_messages
@@ -539,11 +550,10 @@ class TopicPublisher:
         neighbours when written."""
         if self._closed:
             raise self._closed_error()
-        if isinstance(message, bytes):
-            packed, size, key, data = message, len(message), None, True
+        if type(message) is bytes:
+            size, key = len(message), None
         else:
-            packed, size, key = message
-            data = False
+            packed, size, key = cast("Encoded", message)
             if key is not None and key in self._paused:
                 raise OrderingKeyPausedError(self._topic.name, key)
         if not self._gate.try_take(1, size):
@@ -555,15 +565,16 @@ class TopicPublisher:
         batcher = self._batcher
         if batcher.would_overflow(size):
             self._close_batch()
-        if key is None:
-            partition = self._keyless() if self._node_of else self._sticky.current
-        else:
-            partition = self._partition(key)
-        token = _lone_token((future, 0, key, size, 1, data))
         crowd = self._crowd
         crowd.published()
         batcher.concurrency = crowd.concurrency
-        if batcher.add(partition, packed, size, token, self._clock(), lone=True):
+        if key is None and type(message) is bytes:  # to the lane, partitioned as it is taken
+            full = batcher.add_data(message, future, self._clock())
+        else:
+            partition = self._partition(key)
+            token = _new_token((future, 0, key, size, 1))
+            full = batcher.add(partition, packed, size, token, self._clock(), lone=True)
+        if full:
             self._close_batch()
         self._wake.set()
         return future
@@ -745,7 +756,18 @@ class TopicPublisher:
     def _close_batch(self) -> None:
         batcher = self._batcher
         messages, size, lone = len(batcher), batcher.size, batcher.lone
-        ready = _Ready(batcher.take(), messages, size, lone=lone)
+        datas, futures = batcher.lane
+        batch = batcher.take()
+        if futures:  # the lane: to the partition of messages without a key now
+            lane = _Lane(datas, futures)
+            entry = (b"", _new_token((lane, 0, None, sum(lane.sizes), len(futures))))
+            partition = self._keyless() if self._node_of else self._sticky.current
+            entries = batch.get(partition)
+            if entries is None:
+                batch[partition] = [entry]
+            else:
+                entries.append(entry)
+        ready = _Ready(batch, messages, size, lone=lone)
         self._sticky.advance()
         try:
             parts = self._per_node(ready)
@@ -817,9 +839,9 @@ class TopicPublisher:
                         kept.append(entry)
                         count += token.length
                         size += token.size
-                        lone += _is_lone(token)
+                        lone += _lone(token)
                         continue
-                    dropped_lone += _is_lone(token)
+                    dropped_lone += _lone(token)
                     dropped += token.length
                     dropped_size += token.size
                 if kept:
@@ -951,7 +973,10 @@ class TopicPublisher:
         node_of = self._node_of
         if not node_of:  # one server
             return busy.get(None, 0)
-        return min([busy.get(node_of.get(p), 0) for p in self._batcher.partitions], default=0)
+        partitions = list(self._batcher.partitions)
+        if self._batcher.lane[1]:  # where the lane goes if taken now
+            partitions.append(self._keyless())
+        return min([busy.get(node_of.get(p), 0) for p in partitions], default=0)
 
     def _start(self, ready: _Ready, loop: asyncio.AbstractEventLoop) -> None:
         """Start the write of ``ready``: started in order, written in order (the
@@ -998,7 +1023,7 @@ class TopicPublisher:
             part = {p: batch[p] for p in group}
             tokens = [token for entries in part.values() for _, token in entries]
             count, part_size = sum([t.length for t in tokens]), sum([t.size for t in tokens])
-            part_lone = sum([_is_lone(t) for t in tokens]) if lone else 0
+            part_lone = sum([_lone(t) for t in tokens]) if lone else 0
             parts.append(_Ready(part, count, part_size, node, part_lone))
             messages -= count
             size -= part_size
@@ -1160,18 +1185,13 @@ class TopicPublisher:
         prefix = f"{partition}-"
         if len(ids) != sum(map(_length_of, map(_token_of, messages))):
             raise AssertionError(f"{len(ids)} ids for a write to partition {partition}")
-        if len(messages) > 1:
-            waiters = list(map(_waiter_of, map(_token_of, messages)))
-            if _Waiter not in map(type, waiters):  # single publishes alone (a crowd's)
-                lone = cast("list[asyncio.Future[str]]", waiters)  # each of one message
-                for future, entry_id in zip(lone, ids, strict=True):
-                    if not future.done():
-                        future.set_result(prefix + entry_id)
-                return len(ids)
         at = 0
         for _, token in messages:
             waiter = token.waiter
-            if not isinstance(waiter, _Waiter):  # a call of one message: its id
+            if isinstance(waiter, _Lane):  # single publishes of data alone: a crowd's, most often
+                waiter.resolve(prefix, ids[at : at + token.length])
+                at += token.length
+            elif not isinstance(waiter, _Waiter):  # a call of one message: its id
                 if not waiter.done():
                     waiter.set_result(prefix + ids[at])
                 at += 1
