@@ -440,7 +440,8 @@ def test_the_lane_closes_batches_exactly_as_single_publishes_added_one_by_one(
             expected.append([t for ts in plain.take().values() for _, t in ts])
             assert lanes.lane == ([], [])
     for (datas, waiters, batch), names in zip(taken, expected, strict=True):
-        in_lane = [name for name in names if shapes[int(name[1:])][0]]
+        in_order = sorted(names, key=lambda name: int(name[1:]))
+        in_lane = [name for name in in_order if shapes[int(name[1:])][0]]
         assert waiters == in_lane
         assert datas == [b"x" * shapes[int(name[1:])][1] for name in in_lane]
         assert sorted(t for ts in batch.values() for _, t in ts) == sorted(

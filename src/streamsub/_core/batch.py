@@ -74,6 +74,7 @@ class Batcher(Generic[T, W]):
         "_split_at",
         "_waiters",
         "concurrency",
+        "room",
     )
 
     def __init__(self, settings: BatchSettings, *, free_below: int = 1, split_at: int = 0) -> None:
@@ -93,6 +94,9 @@ class Batcher(Generic[T, W]):
         sets it): from ``2 * split_at`` on, a batch is full when its single
         publishes reach half of it. 0 (or a ``split_at`` of 0): batches are
         never split for a crowd."""
+        self.room = sys.maxsize
+        """The bytes a message may have without overflowing the open batch (read
+        only; :meth:`would_overflow` asks it): any message fits an empty batch."""
         self._open: Batch[T] = {}
         self._datas: list[bytes] = []
         self._waiters: list[W] = []
@@ -111,7 +115,7 @@ class Batcher(Generic[T, W]):
 
     def would_overflow(self, size: int) -> bool:
         """Whether adding ``size`` bytes would push a non-empty batch past max_bytes."""
-        return self._count > 0 and self._bytes + size > self._max_bytes
+        return size > self.room
 
     @property
     def size(self) -> int:
@@ -149,6 +153,7 @@ class Batcher(Generic[T, W]):
             messages.append((packed, token))
         self._count = count = self._count + count
         self._bytes = size = self._bytes + size
+        self.room = self._max_bytes - size
         if count >= self._max_messages or size >= self._max_bytes:
             self._lone += lone
             return True
@@ -170,6 +175,7 @@ class Batcher(Generic[T, W]):
         self._waiters.append(waiter)
         self._count = count = self._count + 1
         self._bytes = size = self._bytes + len(data)
+        self.room = self._max_bytes - size
         self._lone = lone = self._lone + 1
         if count >= self._max_messages or size >= self._max_bytes:
             return True
@@ -244,4 +250,5 @@ class Batcher(Generic[T, W]):
         self._count = 0
         self._lone = 0
         self._bytes = 0
+        self.room = sys.maxsize
         return batch

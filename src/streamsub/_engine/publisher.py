@@ -51,6 +51,12 @@ Redis Cluster, when the two went to different nodes: the slot moved, or the
 earlier one's node was not known yet): the linked write then waits for that
 one's results, so that its publishes get that write's error, not the link's.
 
+Single publishes of data alone (no ordering key, no attributes) wait in the
+batch's lane (``_core/batch.py``), and a write takes the lane as one run of
+messages without a key (:class:`_Lane`), to the partition such messages go to
+as the batch closes: a crowd of callers costs one append a publish, one
+``pack_data`` a write, and one pass handing out the ids.
+
 A large ``publish_many`` of messages that are data alone (no ordering key, no
 attributes: most of them) is packed a chunk at a time, and each chunk goes to a
 write of its own while fewer than ``MAX_IN_FLIGHT`` are in flight, so that
@@ -546,8 +552,8 @@ class TopicPublisher:
         """:meth:`submit` of one message: the future of its id (no list of ids,
         no waiter to fill: a single publish is most publishes). ``message``:
         encoded, or the data of a message that is data alone (checked: within
-        the size limit), queued as it is and packed in a run with its
-        neighbours when written."""
+        the size limit), queued as it is in the batch's lane (``_core/batch.py``)
+        and written with the lane's others as one run."""
         if self._closed:
             raise self._closed_error()
         if type(message) is bytes:
@@ -563,7 +569,7 @@ class TopicPublisher:
             loop = self._flusher_loop()
         future: asyncio.Future[str] = loop.create_future()
         batcher = self._batcher
-        if batcher.would_overflow(size):
+        if size > batcher.room:  # would_overflow(), without its call
             self._close_batch()
         crowd = self._crowd
         crowd.published()
