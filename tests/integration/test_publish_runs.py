@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import redis
 
 import streamsub
-from streamsub import metrics
+from streamsub import OutgoingMessage, metrics
 from streamsub._backends.base import Link, TopicRecord
 from streamsub._core.codec import decode, encode, unpack_fields
-from streamsub._engine.publisher import TopicPublisher, _Token
+from streamsub._engine.publisher import TopicPublisher
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
 from tests._layout import TEST_BACKEND, stream_key
@@ -237,36 +237,52 @@ async def test_single_publishes_of_every_shape_from_a_crowd_share_writes(
     assert all(len(partitions) == 1 for partitions in partitions_of.values())
 
 
-async def test_single_publishes_queue_data_alone_in_the_lane_and_keyed_ones_as_tokens(
+async def test_one_callers_publishes_of_every_shape_are_stored_in_publish_order(
     server: RedisServer, redis_client: redis.Redis
 ) -> None:
-    """Single publishes of data alone wait in the batch's lane (their data as it
-    is, their futures, in publish order); a keyed one queues a token (built
-    without the named tuple's ``__new__``, see ``_new_token``) that holds, field
-    by field, its future, its key, its size and one message. All are stored
-    under the ids they return."""
+    """One caller starts 240 publishes at once on a topic of one partition, of
+    every shape: data alone (in the batch's lane), with attributes, with an
+    ordering key, and ``publish_many`` of data alone and of attributed
+    messages, mixed so that lanes, runs and encoded messages alternate within
+    writes. The stream holds them in the order they were published, each under
+    the id its call returned."""
     redis_client.flushall()
+    shapes = ["data", "data", "attributes", "data", "key", "many", "data", "many-attributes"]
+
+    def publish(index: int) -> tuple[list[bytes], Awaitable[list[str]]]:
+        shape, data = shapes[index % len(shapes)], f"m{index}".encode()
+        if shape == "data":
+            return [data], client.publish("order", data)
+        if shape == "attributes":
+            return [data], client.publish("order", data, attributes={"i": str(index)})
+        if shape == "key":
+            return [data], client.publish("order", data, ordering_key=f"k{index % 3}")
+        if shape == "many":
+            return [data, data + b"+"], client.publish_many("order", [data, data + b"+"])
+        batch = [
+            OutgoingMessage(data=data, attributes={"i": "1"}),
+            OutgoingMessage(data=data + b"+"),
+        ]
+        return [data, data + b"+"], client.publish_many("order", batch)
+
+    async def ids_of(call: Awaitable[str | list[str]]) -> list[str]:
+        ids = await call
+        return ids if isinstance(ids, list) else [ids]
+
     async with streamsub.connect(server.url) as client:
-        await client.create_topic("tokens", partitions=2)
-        await client.publish("tokens", b"warm-up")  # the topic's publisher exists
-        publisher = client._publishers["tokens"]
-        plain = [publisher.submit_one(b"plain-%d" % i) for i in range(3)]
-        keyed = publisher.submit_one(encode(b"keyed", "k", max_bytes=2**20))
-        assert keyed is not None
-        # Still in the open batch: no await since they were queued.
-        datas, futures = publisher._batcher.lane
-        assert datas == [b"plain-0", b"plain-1", b"plain-2"]
-        assert futures == plain
-        entries = [entry for queued in publisher._batcher._open.values() for entry in queued]
-        tokens = [token for _, token in entries]
-        assert tokens == [_Token(waiter=keyed, position=0, key="k", size=6, length=1)]
-        assert [len(token) for token in tokens] == [len(_Token._fields)]
-        async with asyncio.timeout(10):
-            ids = [await future for future in [*plain, keyed] if future is not None]
-    stored = _stored(redis_client, "tokens", 2)
-    assert [stored[message_id] for message_id in ids] == [
-        b"plain-0",
-        b"plain-1",
-        b"plain-2",
-        b"keyed",
+        await client.create_topic("order", partitions=1)
+        await client.publish("order", b"warm-up")  # the topic's publisher is at hand
+        published = [publish(index) for index in range(240)]
+        async with asyncio.timeout(30):
+            returned = await asyncio.gather(*(ids_of(call) for _, call in published))
+    stored = [
+        (f"0-{entry_id.decode()}", fields[b"d"])
+        for entry_id, fields in redis_client.xrange(stream_key(redis_client, "order", 0))
+    ][1:]
+    expected = [
+        (message_id, data)
+        for (datas, _), ids in zip(published, returned, strict=True)
+        for message_id, data in zip(ids, datas, strict=True)
     ]
+    assert len(stored) == 240 + 60
+    assert stored == expected

@@ -514,11 +514,12 @@ async def test_single_publishes_fail_with_the_write_error_and_give_their_room_ba
     server: RedisServer, error: StreamsubError
 ) -> None:
     """60 publishes of one message (each its own future, no waiter: submit_one),
-    every other one keyed on 5 keys, in flight and queued behind writes that
+    every other one keyed on 5 keys, the others data alone (in the batch's
+    lane), in flight and queued behind writes that
     fail, 10 of them cancelled while queued: every other one fails with the
     write's error (a keyed one queued behind its key's failure: with
     OrderingKeyPausedError), the cancelled stay cancelled, every key pauses,
-    nothing stays queued or counted in flow control; a deleted topic is
+    nothing stays queued or counted in flow control or the crowd; a deleted topic is
     reported once (on_gone), and the publisher then refuses with it."""
     backend = _Gated(server.url, error)
     gate = PublishGate(streamsub.PublishFlowControl())
@@ -531,7 +532,8 @@ async def test_single_publishes_fail_with_the_write_error_and_give_their_room_ba
         futures: list[asyncio.Future[str]] = []
         for i in range(60):
             key = f"key-{i % 5}" if i % 2 else None
-            future = publisher.submit_one(encode(b"m%d" % i, key, max_bytes=2**20))
+            data = b"m%d" % i
+            future = publisher.submit_one(encode(data, key, max_bytes=2**20) if key else data)
             assert future is not None
             futures.append(future)
             if i % 10 == 9:
@@ -552,6 +554,7 @@ async def test_single_publishes_fail_with_the_write_error_and_give_their_room_ba
         assert all(publisher.paused(f"key-{k}") for k in range(5))
         assert publisher.queued == (0, 0)
         assert gate.outstanding == (0, 0)
+        assert publisher._crowd.outstanding == 0
         await publisher.aclose()
         if isinstance(error, TopicNotFoundError):
             assert gone == [publisher]

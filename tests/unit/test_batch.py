@@ -398,65 +398,90 @@ def test_keyed_messages_of_a_publish_many_never_wait_for_the_timer_and_keep_key_
     assert all(indices == list(range(int(key[4:]), 2500, 50)) for key, indices in order.items())
 
 
+def _lane_entry(datas: list[bytes], names: list[str]) -> tuple[bytes, str]:
+    """A lane as one entry, for the tests: its data and its names, joined."""
+    return b"|".join(datas), "lane:" + ",".join(names)
+
+
+def _names(batch: Batch[str]) -> dict[int, list[tuple[bytes, str]]]:
+    """Each partition's messages in order, a lane's one by one, as (data, name)."""
+    names: dict[int, list[tuple[bytes, str]]] = {}
+    for partition, entries in batch.items():
+        for data, token in entries:
+            if token.startswith("lane:"):
+                pairs = zip(data.split(b"|"), token[5:].split(","), strict=True)
+                names.setdefault(partition, []).extend(pairs)
+            else:
+                names.setdefault(partition, []).append((data, token))
+    return names
+
+
 @given(
     concurrency=st.integers(0, 600),
     max_messages=st.integers(1, 300),
     max_bytes=st.integers(1, 4000),
-    shapes=st.lists(st.tuples(st.booleans(), st.integers(0, 120)), min_size=1, max_size=400),
+    shapes=st.lists(
+        st.tuples(
+            st.sampled_from(["lane", "lone", "keyed", "run"]),
+            st.integers(0, 3),
+            st.integers(0, 120),
+        ),
+        min_size=1,
+        max_size=400,
+    ),
 )
-def test_the_lane_closes_batches_exactly_as_single_publishes_added_one_by_one(
-    concurrency: int, max_messages: int, max_bytes: int, shapes: list[tuple[bool, int]]
+def test_the_lane_batches_and_orders_as_single_publishes_added_one_by_one(
+    concurrency: int, max_messages: int, max_bytes: int, shapes: list[tuple[str, int, int]]
 ) -> None:
-    """Single publishes of data alone added to the lane (``add_data``) and others
-    (``add``, keyed, lone or not) in any mix close batches at the same messages,
-    count the same messages, bytes and single publishes, and open them at the
-    same time, as the same publishes all added with ``add(..., lone=True)``; each
-    batch's lane holds its data and waiters in publish order, and taking the
-    batch leaves the lane it handed out as it was."""
+    """Single publishes of data alone added to the lane (``add_data``) among
+    other single publishes, keyed messages and runs of three, over four
+    partitions, close batches at the same messages, count the same messages,
+    bytes and single publishes, and are due at the same times, as the same
+    messages all added as entries (``add``); and each batch taken holds each
+    partition's messages in the order they were added, each with its data."""
     settings = BatchSettings(max_messages=max_messages, max_bytes=max_bytes, max_latency=1.0)
-    lanes: Batcher[str, str] = Batcher(settings, split_at=8)
+    lanes: Batcher[str, str] = Batcher(settings, split_at=8, lane=_lane_entry)
     plain: Batcher[str, str] = Batcher(settings, split_at=8)
     lanes.concurrency = plain.concurrency = concurrency
-    taken: list[tuple[list[bytes], list[str], Batch[str]]] = []
-    expected: list[list[str]] = []
-    for index, (data_alone, size) in enumerate(shapes):
-        name, data, now = f"m{index}", b"x" * size, float(index)
-        assert lanes.would_overflow(size) == plain.would_overflow(size)
-        if lanes.would_overflow(size):
-            datas, waiters = lanes.lane
-            taken.append((datas, waiters, lanes.take()))
-            expected.append([t for ts in plain.take().values() for _, t in ts])
-        if data_alone:
-            full = lanes.add_data(data, name, now)
+    for index, (kind, partition, size) in enumerate(shapes):
+        name, now = f"m{index}", float(index)
+        data = name.encode().ljust(size, b".")
+        count = 3 if kind == "run" else 1
+        assert lanes.would_overflow(len(data)) == plain.would_overflow(len(data))
+        if lanes.would_overflow(len(data)):
+            assert _names(lanes.take()) == _names(plain.take())
+        if kind == "lane":
+            full = lanes.add_data(partition, data, name, now)
         else:
-            full = lanes.add(index % 4, data, size, name, now, lone=True)
-        assert full == plain.add(index % 4, data, size, name, now, lone=True)
+            lone = kind == "lone"
+            full = lanes.add(partition, data, len(data), name, now, count, lone=lone)
+        lone = kind in ("lane", "lone")
+        assert full == plain.add(partition, data, len(data), name, now, count, lone=lone)
         assert (len(lanes), lanes.size, lanes.lone) == (len(plain), plain.size, plain.lone)
+        assert sorted(lanes.partitions) == sorted(plain.partitions)
         assert lanes.deadline() == plain.deadline()
         assert lanes.due(1) == plain.due(1)
         if full:
-            datas, waiters = lanes.lane
-            taken.append((datas, waiters, lanes.take()))
-            expected.append([t for ts in plain.take().values() for _, t in ts])
-            assert lanes.lane == ([], [])
-    for (datas, waiters, batch), names in zip(taken, expected, strict=True):
-        in_order = sorted(names, key=lambda name: int(name[1:]))
-        in_lane = [name for name in in_order if shapes[int(name[1:])][0]]
-        assert waiters == in_lane
-        assert datas == [b"x" * shapes[int(name[1:])][1] for name in in_lane]
-        assert sorted(t for ts in batch.values() for _, t in ts) == sorted(
-            name for name in names if name not in in_lane
-        )
+            assert _names(lanes.take()) == _names(plain.take())
+    assert _names(lanes.take()) == _names(plain.take())
 
 
 def test_a_lane_alone_opens_and_times_its_batch() -> None:
     """A batch of lane publishes alone is due as any batch is: at once while the
-    writer is free, else at its first message's time plus max_latency."""
-    b = batcher(max_latency=0.5)
-    assert b.add_data(b"a", "a", 3.0) is False
-    assert b.add_data(b"bc", "b", 4.0) is False
-    assert (len(b), b.size, b.lone) == (2, 3, 2)
+    writer is free, else at its first message's time plus max_latency; taken,
+    it is one entry of its partition."""
+    b: Batcher[str, str] = Batcher(BatchSettings(max_latency=0.5), lane=_lane_entry)
+    assert b.add_data(5, b"a", "a", 3.0) is False
+    assert b.add_data(5, b"bc", "b", 4.0) is False
+    assert (len(b), b.size, b.lone, list(b.partitions)) == (2, 3, 2, [5])
     assert b.due(writes_in_flight=0) == 3.0
     assert b.due(writes_in_flight=1) == 3.5
-    assert b.take() == {}
+    assert b.take() == {5: [(b"a|bc", "lane:a,b")]}
     assert (len(b), b.size, b.lone, b.deadline()) == (0, 0, 0, None)
+
+
+def test_add_data_without_a_lane_entry_is_refused() -> None:
+    b = batcher()
+    b.add_data(0, b"a", "a", 0.0)
+    with pytest.raises(TypeError, match="lane"):
+        b.take()

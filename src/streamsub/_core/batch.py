@@ -25,10 +25,13 @@ as one write per master.
 
 Single publishes of data alone (no ordering key, no attributes: most
 publishes) wait in the batch's lane (:meth:`Batcher.add_data`), their data as it
-is beside the waiter of each, rather than as an entry apiece: the owner writes
-the lane as one run, to the partition it picks as it takes the batch, so that
-such a publish costs one append here, and its data one join when written. They
-close the batch as they would as entries: the lane is bookkeeping, not a rule.
+is beside the waiter of each, rather than as an entry apiece: such a publish
+costs one append here. The lane becomes one entry of its partition (made by the
+owner's ``lane`` function: a run of messages, written as one) before anything
+else joins that partition, before a publish for another partition joins the
+lane, and as the batch is taken, so each partition's entries stay in publish
+order. Lane publishes close the batch as they would as entries: the lane is
+bookkeeping, not a rule.
 
 An entry may stand for a run of messages (``count`` of them, packed one after
 the other): a ``publish_many`` of messages without ordering keys joins the
@@ -39,7 +42,7 @@ so its Python cost per message is its encoding, not the batch's bookkeeping.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Generic, TypeVar
 
@@ -65,6 +68,8 @@ class Batcher(Generic[T, W]):
         "_crowd_from",
         "_datas",
         "_free_below",
+        "_lane_entry",
+        "_lane_partition",
         "_lone",
         "_max_bytes",
         "_max_messages",
@@ -77,7 +82,16 @@ class Batcher(Generic[T, W]):
         "room",
     )
 
-    def __init__(self, settings: BatchSettings, *, free_below: int = 1, split_at: int = 0) -> None:
+    def __init__(
+        self,
+        settings: BatchSettings,
+        *,
+        free_below: int = 1,
+        split_at: int = 0,
+        lane: Callable[[list[bytes], list[W]], tuple[bytes, T]] | None = None,
+    ) -> None:
+        """``lane(datas, waiters)``: the entry a lane becomes (needed only by
+        :meth:`add_data`)."""
         if free_below < 1:
             raise ValueError(f"free_below must be at least 1, got {free_below}")
         if split_at < 0:
@@ -98,6 +112,8 @@ class Batcher(Generic[T, W]):
         """The bytes a message may have without overflowing the open batch (read
         only; :meth:`would_overflow` asks it): any message fits an empty batch."""
         self._open: Batch[T] = {}
+        self._lane_entry = lane
+        self._lane_partition = 0
         self._datas: list[bytes] = []
         self._waiters: list[W] = []
         self._count = 0
@@ -111,6 +127,8 @@ class Batcher(Generic[T, W]):
     @property
     def partitions(self) -> Iterable[int]:
         """The partitions the open batch holds messages for."""
+        if self._waiters and self._lane_partition not in self._open:
+            return [*self._open, self._lane_partition]
         return self._open.keys()
 
     def would_overflow(self, size: int) -> bool:
@@ -146,6 +164,8 @@ class Batcher(Generic[T, W]):
         # Locals and no calls: a single publish makes one add.
         if not self._count:
             self._opened_at = now
+        elif self._waiters and partition == self._lane_partition:
+            self._settle()  # the lane's publishes came first
         messages = self._open.get(partition)
         if messages is None:
             self._open[partition] = [(packed, token)]
@@ -163,14 +183,17 @@ class Batcher(Generic[T, W]):
         concurrency = self.concurrency
         return concurrency >= self._crowd_from and 2 * lone_count >= concurrency
 
-    def add_data(self, data: bytes, waiter: W, now: float) -> bool:
+    def add_data(self, partition: int, data: bytes, waiter: W, now: float) -> bool:
         """Add a single publish of data alone (its caller's only message, no
-        ordering key, no attributes) to the batch's lane: kept as it is, with
-        its ``waiter``, and handed out by :meth:`take_lane` as the batch is taken
-        (written to the partition its owner picks then). Return as :meth:`add`
-        with ``lone=True``."""
+        ordering key, no attributes) for ``partition`` to the batch's lane,
+        as it is, with its ``waiter``; return as :meth:`add` with ``lone=True``."""
         if not self._count:
             self._opened_at = now
+            self._lane_partition = partition
+        elif partition != self._lane_partition:
+            if self._waiters:
+                self._settle()  # a lane holds one partition's publishes
+            self._lane_partition = partition
         self._datas.append(data)
         self._waiters.append(waiter)
         self._count = count = self._count + 1
@@ -182,11 +205,18 @@ class Batcher(Generic[T, W]):
         concurrency = self.concurrency
         return concurrency >= self._crowd_from and 2 * lone >= concurrency
 
-    @property
-    def lane(self) -> tuple[list[bytes], list[W]]:
-        """The open batch's lane (:meth:`add_data`): its data and their waiters,
-        in publish order (left as they are by :meth:`take`)."""
-        return self._datas, self._waiters
+    def _settle(self) -> None:
+        """The lane, as one entry at the end of its partition's."""
+        make = self._lane_entry
+        if make is None:
+            raise TypeError("Batcher.add_data needs the lane's entry: Batcher(..., lane=...)")
+        entry = make(self._datas, self._waiters)
+        self._datas, self._waiters = [], []
+        messages = self._open.get(self._lane_partition)
+        if messages is None:
+            self._open[self._lane_partition] = [entry]
+        else:
+            messages.append(entry)
 
     def _crowded(self) -> bool:
         """Whether the publisher's recent peak is a crowd worth two writes."""
@@ -244,9 +274,10 @@ class Batcher(Generic[T, W]):
 
     def take(self) -> Batch[T]:
         """Close the open batch and return it; a new one opens on the next add."""
+        if self._waiters:
+            self._settle()
         batch = self._open
         self._open = {}
-        self._datas, self._waiters = [], []
         self._count = 0
         self._lone = 0
         self._bytes = 0

@@ -346,8 +346,8 @@ def _failed(token: _Token) -> bool:
     """Whether the publish call of ``token`` has failed already (a call that
     was cancelled has not: its messages are written all the same)."""
     waiter = token.waiter
-    if isinstance(waiter, _Lane):  # single publishes, failed together if at all
-        return any(future.done() and not future.cancelled() for future in waiter.futures)
+    if isinstance(waiter, _Lane):  # single publishes: written again unless all failed
+        return all(future.done() and not future.cancelled() for future in waiter.futures)
     future = waiter.future if isinstance(waiter, _Waiter) else waiter
     return future.done() and not future.cancelled()
 
@@ -401,6 +401,14 @@ _new_token = cast(
 """``_Token`` of a tuple of all its fields, without the Python frame of a named
 tuple's ``__new__`` (each single publish, or each batch's lane, makes one)."""
 
+
+def _lane_entry(datas: list[bytes], futures: list[asyncio.Future[str]]) -> tuple[bytes, _Token]:
+    """A batch's lane as its entry (see ``_core/batch.py``): no bytes of its own,
+    the lane's packed as the write is built (:func:`_packed`)."""
+    lane = _Lane(datas, futures)
+    return b"", _new_token((lane, 0, None, sum(lane.sizes), len(futures)))
+
+
 _Refused = list[tuple[int, list[tuple[bytes, _Token]]]]
 """Partitions whose writes were refused behind a failed write, with their
 messages without an ordering key."""
@@ -443,7 +451,7 @@ class TopicPublisher:
         self._clock = clock
         self._gate = gate or PublishGate(PublishFlowControl())
         self._batcher: Batcher[_Token, asyncio.Future[str]] = Batcher(
-            settings, free_below=WRITER_FREE_BELOW, split_at=SPLIT_AT
+            settings, free_below=WRITER_FREE_BELOW, split_at=SPLIT_AT, lane=_lane_entry
         )
         self._max_batch = settings.max_messages
         self._max_batch_bytes = settings.max_bytes
@@ -574,8 +582,9 @@ class TopicPublisher:
         crowd = self._crowd
         crowd.published()
         batcher.concurrency = crowd.concurrency
-        if key is None and type(message) is bytes:  # to the lane, partitioned as it is taken
-            full = batcher.add_data(message, future, self._clock())
+        if type(message) is bytes:  # to the batch's lane
+            partition = self._keyless() if self._node_of else self._sticky.current
+            full = batcher.add_data(partition, message, future, self._clock())
         else:
             partition = self._partition(key)
             token = _new_token((future, 0, key, size, 1))
@@ -762,18 +771,7 @@ class TopicPublisher:
     def _close_batch(self) -> None:
         batcher = self._batcher
         messages, size, lone = len(batcher), batcher.size, batcher.lone
-        datas, futures = batcher.lane
-        batch = batcher.take()
-        if futures:  # the lane: to the partition of messages without a key now
-            lane = _Lane(datas, futures)
-            entry = (b"", _new_token((lane, 0, None, sum(lane.sizes), len(futures))))
-            partition = self._keyless() if self._node_of else self._sticky.current
-            entries = batch.get(partition)
-            if entries is None:
-                batch[partition] = [entry]
-            else:
-                entries.append(entry)
-        ready = _Ready(batch, messages, size, lone=lone)
+        ready = _Ready(batcher.take(), messages, size, lone=lone)
         self._sticky.advance()
         try:
             parts = self._per_node(ready)
@@ -979,10 +977,7 @@ class TopicPublisher:
         node_of = self._node_of
         if not node_of:  # one server
             return busy.get(None, 0)
-        partitions = list(self._batcher.partitions)
-        if self._batcher.lane[1]:  # where the lane goes if taken now
-            partitions.append(self._keyless())
-        return min([busy.get(node_of.get(p), 0) for p in partitions], default=0)
+        return min([busy.get(node_of.get(p), 0) for p in self._batcher.partitions], default=0)
 
     def _start(self, ready: _Ready, loop: asyncio.AbstractEventLoop) -> None:
         """Start the write of ``ready``: started in order, written in order (the
