@@ -23,6 +23,7 @@ REGISTRY: dict[str, str] = {
     "streamsub-tasks": "impls.streamsub_prev:StreamsubTaskPerHandler",
     "streamsub-pre-split": "impls.streamsub_prev:StreamsubBeforeSplit",
     "streamsub-pre-inline": "impls.streamsub_prev:StreamsubBeforeInlineRead",
+    "streamsub-pre-lane": "impls.streamsub_prev:StreamsubBeforeLane",
     "streamsub-4sub": "impls.streamsub_impl:StreamsubKeyed",
     "streamsub-ordered": "impls.streamsub_impl:StreamsubOrdered",
 }

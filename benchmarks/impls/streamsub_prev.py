@@ -198,3 +198,14 @@ class StreamsubBeforeInlineRead(StreamsubPrevious):
     name = "streamsub-pre-inline"
     commit: ClassVar[str] = "c6fb584"
     _extracted: ClassVar[Path | None] = None
+
+
+class StreamsubBeforeLane(StreamsubPrevious):
+    """streamsub at ``b0b9ca3``, the last commit that queued each single
+    publish of data alone as an entry and token of its own (before the batch's
+    lane): the "before" of "Single publishes in the batch's lane", in the same
+    run."""
+
+    name = "streamsub-pre-lane"
+    commit: ClassVar[str] = "b0b9ca3"
+    _extracted: ClassVar[Path | None] = None

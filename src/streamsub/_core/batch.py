@@ -109,8 +109,9 @@ class Batcher(Generic[T, W]):
         publishes reach half of it. 0 (or a ``split_at`` of 0): batches are
         never split for a crowd."""
         self.room = sys.maxsize
-        """The bytes a message may have without overflowing the open batch (read
-        only; :meth:`would_overflow` asks it): any message fits an empty batch."""
+        """The bytes a message may have without overflowing the open batch (set
+        by the batcher alone; :meth:`would_overflow` asks it, and a hot path may
+        read it instead): any message fits an empty batch."""
         self._open: Batch[T] = {}
         self._lane_entry = lane
         self._lane_partition = 0

@@ -52,10 +52,10 @@ earlier one's node was not known yet): the linked write then waits for that
 one's results, so that its publishes get that write's error, not the link's.
 
 Single publishes of data alone (no ordering key, no attributes) wait in the
-batch's lane (``_core/batch.py``), and a write takes the lane as one run of
-messages without a key (:class:`_Lane`), to the partition such messages go to
-as the batch closes: a crowd of callers costs one append a publish, one
-``pack_data`` a write, and one pass handing out the ids.
+batch's lane (``_core/batch.py``) for the partition of messages without a key,
+and join the batch as one entry, a run (:class:`_Lane`), where their order
+needs it and as it closes: a crowd of such callers costs one append a
+publish, one ``pack_data`` a write, and one pass handing out the ids.
 
 A large ``publish_many`` of messages that are data alone (no ordering key, no
 attributes: most of them) is packed a chunk at a time, and each chunk goes to a
