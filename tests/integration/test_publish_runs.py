@@ -17,7 +17,7 @@ import streamsub
 from streamsub import OutgoingMessage, metrics
 from streamsub._backends.base import Link, TopicRecord
 from streamsub._core.codec import decode, encode, unpack_fields
-from streamsub._engine.publisher import TopicPublisher
+from streamsub._engine.publisher import TopicPublisher, _Lane, _Token
 from streamsub._errors import StreamsubError
 from streamsub.testing import RedisServer
 from tests._layout import TEST_BACKEND, stream_key
@@ -243,9 +243,9 @@ async def test_one_callers_publishes_of_every_shape_are_stored_in_publish_order(
     """One caller starts 240 publishes at once on a topic of one partition, of
     every shape: data alone (in the batch's lane), with attributes, with an
     ordering key, and ``publish_many`` of data alone and of attributed
-    messages, mixed so that lanes, runs and encoded messages alternate within
-    writes. The stream holds them in the order they were published, each under
-    the id its call returned."""
+    messages, all started in one step, so that lanes, runs and encoded
+    messages alternate in the batches. The stream holds them in the order they
+    were published, each under the id its call returned."""
     redis_client.flushall()
     shapes = ["data", "data", "attributes", "data", "key", "many", "data", "many-attributes"]
 
@@ -286,3 +286,38 @@ async def test_one_callers_publishes_of_every_shape_are_stored_in_publish_order(
     ]
     assert len(stored) == 240 + 60
     assert stored == expected
+
+
+async def test_queued_tokens_hold_what_was_published(
+    server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The tokens the publisher queues (built without the named tuple's
+    ``__new__``, see ``_new_token``) hold every field: for three single
+    publishes of data alone, the lane's (its data and futures, no key, their
+    size, three messages), turned into an entry before the keyed publish that
+    follows on the same partition; for the keyed one, its future, key, size
+    and one message. All are stored under the ids they return."""
+    redis_client.flushall()
+    async with streamsub.connect(server.url) as client:
+        await client.create_topic("tokens", partitions=1)
+        await client.publish("tokens", b"warm-up")  # the topic's publisher is at hand
+        publisher = client._publishers["tokens"]
+        plain = [publisher.submit_one(b"plain-%d" % i) for i in range(3)]
+        keyed = publisher.submit_one(encode(b"keyed", "k", max_bytes=2**20))
+        # Still in the open batch: no await since they were queued.
+        (lane_entry, keyed_entry) = publisher._batcher._open[0]
+        lane = lane_entry[1].waiter
+        assert isinstance(lane, _Lane)
+        assert (lane.datas, lane.futures) == ([b"plain-0", b"plain-1", b"plain-2"], plain)
+        assert lane_entry[1] == _Token(waiter=lane, position=0, key=None, size=21, length=3)
+        assert keyed_entry[1] == _Token(waiter=keyed, position=0, key="k", size=6, length=1)
+        assert [len(entry[1]) for entry in (lane_entry, keyed_entry)] == [len(_Token._fields)] * 2
+        async with asyncio.timeout(10):
+            ids = [await future for future in [*plain, keyed] if future is not None]
+    stored = _stored(redis_client, "tokens", 1)
+    assert [stored[message_id] for message_id in ids] == [
+        b"plain-0",
+        b"plain-1",
+        b"plain-2",
+        b"keyed",
+    ]

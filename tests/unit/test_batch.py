@@ -481,7 +481,9 @@ def test_a_lane_alone_opens_and_times_its_batch() -> None:
 
 
 def test_add_data_without_a_lane_entry_is_refused() -> None:
+    """A batcher made without the lane's entry refuses a lane publish at once,
+    holding nothing of it."""
     b = batcher()
-    b.add_data(0, b"a", "a", 0.0)
     with pytest.raises(TypeError, match="lane"):
-        b.take()
+        b.add_data(0, b"a", "a", 0.0)
+    assert (len(b), b.size, b.lone, b.take()) == (0, 0, 0, {})

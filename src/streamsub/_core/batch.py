@@ -188,6 +188,8 @@ class Batcher(Generic[T, W]):
         """Add a single publish of data alone (its caller's only message, no
         ordering key, no attributes) for ``partition`` to the batch's lane,
         as it is, with its ``waiter``; return as :meth:`add` with ``lone=True``."""
+        if self._lane_entry is None:
+            raise TypeError("Batcher.add_data needs the lane's entry: Batcher(..., lane=...)")
         if not self._count:
             self._opened_at = now
             self._lane_partition = partition
@@ -209,8 +211,7 @@ class Batcher(Generic[T, W]):
     def _settle(self) -> None:
         """The lane, as one entry at the end of its partition's."""
         make = self._lane_entry
-        if make is None:
-            raise TypeError("Batcher.add_data needs the lane's entry: Batcher(..., lane=...)")
+        assert make is not None  # add_data refuses a lane without it
         entry = make(self._datas, self._waiters)
         self._datas, self._waiters = [], []
         messages = self._open.get(self._lane_partition)

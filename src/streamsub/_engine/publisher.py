@@ -55,7 +55,8 @@ Single publishes of data alone (no ordering key, no attributes) wait in the
 batch's lane (``_core/batch.py``) for the partition of messages without a key,
 and join the batch as one entry, a run (:class:`_Lane`), where their order
 needs it and as it closes: a crowd of such callers costs one append a
-publish, one ``pack_data`` a write, and one pass handing out the ids.
+publish, one ``pack_data`` for each lane a write holds (most often one), and
+one pass handing out the ids.
 
 A large ``publish_many`` of messages that are data alone (no ordering key, no
 attributes: most of them) is packed a chunk at a time, and each chunk goes to a
@@ -376,8 +377,10 @@ class _Token(NamedTuple):
     length: int = 1
 
 
+_bytes_of = operator.itemgetter(0)
 _token_of = operator.itemgetter(1)
 _length_of = operator.attrgetter("length")
+_waiter_of = operator.attrgetter("waiter")
 
 
 def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
@@ -387,6 +390,8 @@ def _packed(entries: list[tuple[bytes, _Token]]) -> bytes:
         entry, token = entries[0]
         lane = token.waiter
         return pack_data(lane.datas, lane.sizes) if type(lane) is _Lane else entry
+    if _Lane not in map(type, map(_waiter_of, map(_token_of, entries))):
+        return b"".join(map(_bytes_of, entries))  # no Python step a message
     parts = []
     for entry, token in entries:
         lane = token.waiter
@@ -1186,6 +1191,15 @@ class TopicPublisher:
         prefix = f"{partition}-"
         if len(ids) != sum(map(_length_of, map(_token_of, messages))):
             raise AssertionError(f"{len(ids)} ids for a write to partition {partition}")
+        if len(messages) > 1:
+            waiters = list(map(_waiter_of, map(_token_of, messages)))
+            kinds = set(map(type, waiters))
+            if _Waiter not in kinds and _Lane not in kinds:  # single publishes alone
+                lone = cast("list[asyncio.Future[str]]", waiters)  # each of one message
+                for future, entry_id in zip(lone, ids, strict=True):
+                    if not future.done():
+                        future.set_result(prefix + entry_id)
+                return len(ids)
         at = 0
         for _, token in messages:
             waiter = token.waiter
