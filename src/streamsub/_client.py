@@ -711,7 +711,7 @@ class Client:
         if type(data) is bytes and ordering_key is None and attributes is None:
             if len(data) > max_bytes:
                 encode_data(data, max_bytes)  # raises MessageTooLargeError
-            message = data  # data alone: packed with its neighbours as it is written
+            message = data  # data alone: to the batch's lane, packed with it as written
         else:
             message = encode(data, ordering_key, attributes, max_bytes=max_bytes)
         publisher = self._publishers.get(topic)
