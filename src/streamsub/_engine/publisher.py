@@ -331,16 +331,18 @@ class _Lane:
         self.sizes = list(map(len, datas))
         self.futures = futures
 
-    def resolve(self, prefix: str, ids: list[str]) -> None:
-        """Give each its id: ``prefix`` and its entry id."""
-        for future, entry_id in zip(self.futures, ids, strict=True):
-            if not future.done():
-                future.set_result(prefix + entry_id)
-
     def fail(self, exc: BaseException) -> None:
         for future in self.futures:
             if not future.done():
                 future.set_exception(exc)
+
+
+def _set_ids(futures: Iterable[asyncio.Future[str]], prefix: str, ids: list[str]) -> None:
+    """Give each of ``futures`` (single publishes, in order) its id: ``prefix``
+    and its entry id of ``ids``."""
+    for future, entry_id in zip(futures, ids, strict=True):
+        if not future.done():
+            future.set_result(prefix + entry_id)
 
 
 def _failed(token: _Token) -> bool:
@@ -1195,16 +1197,13 @@ class TopicPublisher:
             waiters = list(map(_waiter_of, map(_token_of, messages)))
             kinds = set(map(type, waiters))
             if _Waiter not in kinds and _Lane not in kinds:  # single publishes alone
-                lone = cast("list[asyncio.Future[str]]", waiters)  # each of one message
-                for future, entry_id in zip(lone, ids, strict=True):
-                    if not future.done():
-                        future.set_result(prefix + entry_id)
+                _set_ids(cast("list[asyncio.Future[str]]", waiters), prefix, ids)
                 return len(ids)
         at = 0
         for _, token in messages:
             waiter = token.waiter
             if isinstance(waiter, _Lane):  # single publishes of data alone: a crowd's, most often
-                waiter.resolve(prefix, ids[at : at + token.length])
+                _set_ids(waiter.futures, prefix, ids[at : at + token.length])
                 at += token.length
             elif not isinstance(waiter, _Waiter):  # a call of one message: its id
                 if not waiter.done():
