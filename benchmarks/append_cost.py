@@ -8,22 +8,33 @@ stream in each of these ways, rounds interleaved, and reads redis-server's
 CPU (``INFO cpu``, user and system) before and after each round:
 
 * ``append``: streamsub's ``append.lua`` with a run of data alone (packed by
-  ``codec.pack_data``), unlinked, as a ``publish_many`` of bytes is written;
-* ``append-linked``: the same as the write behind another in flight (its link
-  read and set);
+  ``codec.pack_data``), unlinked, sent as the publisher sends it: ``EVAL``
+  with the script's source (comment lines left out);
+* ``append-linked``: the same, each write linked to the one before it (its
+  link read, compared and set), as a write behind another in flight is;
+* ``append-evalsha``: ``append`` by ``EVALSHA``: what sending and hashing
+  the source costs (the publisher sends ``EVAL``: a ``NOSCRIPT`` retry
+  would let a later write overtake an earlier one);
 * ``lua-xadd``: a script that only calls ``XADD`` once a message, with the
   same data each time: the floor under any script that appends a message per
   ``redis.call``;
-* ``lua-call``: a script that only calls ``EXISTS`` once a message: what a
-  ``redis.call`` costs by itself;
-* ``pipelined``: ``XADD`` pipelined, a batch a pipeline (the hand-written loop);
+* ``lua-call``: a script that only calls ``EXISTS`` once a message and
+  stores its answer (it writes nothing): a ``redis.call``, the Lua around it
+  and a share of the ``EVALSHA``;
+* ``pipelined``: ``XADD`` pipelined, a batch a pipeline, one stream (as the
+  hand-written loop writes on one server, which sends 200 a pipeline);
 * ``multi``: ``MULTI``, ``XADD NOMKSTREAM`` a message, ``EXEC``, one
-  pipeline a batch: plain commands that still go all or nothing.
+  pipeline a batch: plain commands that run together or not at all (no
+  rollback: a missing stream makes each ``XADD NOMKSTREAM`` answer nil).
+
+Each round checks that the stream holds every message it wrote, and prints
+its wall time too: the CPU window also holds what redis-server does while
+idle (its cron), more for the slower ways.
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/append_cost.py
-    .venv/bin/python benchmarks/append_cost.py --server /path/to/valkey-server
+    .venv/bin/python benchmarks/append_cost.py --rounds 9
+    .venv/bin/python benchmarks/append_cost.py --rounds 9 --server /path/to/redis-server
 
 CPU per message is far steadier than msgs/s on a shared machine, but it is
 still time: quote the medians.
@@ -35,8 +46,8 @@ import argparse
 import asyncio
 import statistics
 import sys
+import time
 from collections.abc import Awaitable, Callable
-from importlib.resources import files
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -44,6 +55,7 @@ from redis.asyncio import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import servers
+from streamsub._backends.redis._backend import _script, _without_comments
 from streamsub._core.codec import pack_data
 
 STREAM = "append-cost"
@@ -62,7 +74,8 @@ for i = 1, tonumber(ARGV[1]) do ids[i] = redis.call('EXISTS', KEYS[1]) end
 return #ids
 """
 
-WAYS = ("append", "append-linked", "lua-xadd", "lua-call", "pipelined", "multi")
+WAYS = ("append", "append-linked", "append-evalsha", "lua-xadd", "lua-call", "pipelined", "multi")
+WRITES_NOTHING = {"lua-call"}
 
 
 async def _server_cpu(client: Redis) -> float:
@@ -76,22 +89,25 @@ async def measure(
     client = Redis.from_url(url)
     datas = [bytes([65 + i % 26]) * size for i in range(batch)]
     blob = pack_data(datas, [size] * batch)
-    append = (files("streamsub._backends.redis") / "scripts" / "append.lua").read_text()
+    source = _without_comments(_script("append.lua"))
     sha = {
-        "append": await client.script_load(append),
+        "append": await client.script_load(source),
         "lua-xadd": await client.script_load(LUA_XADD),
         "lua-call": await client.script_load(LUA_CALL),
     }
     written = 0
 
     async def append_write() -> object:
-        return await client.evalsha(sha["append"], 1, STREAM, blob)  # type: ignore[misc]
+        return await client.eval(source, 1, STREAM, blob)  # type: ignore[misc]
 
     async def append_linked() -> object:
         nonlocal written
         written += 1
         behind = written - 1 if written > 1 else ""
-        return await client.evalsha(sha["append"], 2, STREAM, LINK, blob, written, behind)  # type: ignore[misc]
+        return await client.eval(source, 2, STREAM, LINK, blob, written, behind)  # type: ignore[misc]
+
+    async def append_evalsha() -> object:
+        return await client.evalsha(sha["append"], 1, STREAM, blob)  # type: ignore[misc]
 
     async def lua_xadd() -> object:
         return await client.evalsha(sha["lua-xadd"], 1, STREAM, batch, size)  # type: ignore[misc]
@@ -114,6 +130,7 @@ async def measure(
     write: dict[str, Callable[[], Awaitable[object]]] = {
         "append": append_write,
         "append-linked": append_linked,
+        "append-evalsha": append_evalsha,
         "lua-xadd": lua_xadd,
         "lua-call": lua_call,
         "pipelined": pipelined,
@@ -128,11 +145,22 @@ async def measure(
                 await client.xadd(STREAM, {"d": b"first"})
                 written = 0
                 before = await _server_cpu(client)
+                started = time.perf_counter()
                 for _ in range(batches):
                     await write[way]()
+                wall = time.perf_counter() - started
                 after = await _server_cpu(client)
+                stored = await client.xlen(STREAM)
+                expected = 1 + (0 if way in WRITES_NOTHING else batch * batches)
+                if stored != expected:
+                    msg = f"{way}: the stream holds {stored} entries, expected {expected}"
+                    raise RuntimeError(msg)
                 cpu[way].append((after - before) * 1e6 / (batch * batches))
-                print(f"round {round_no + 1} {way:<14} {cpu[way][-1]:.3f} µs a message", flush=True)
+                print(
+                    f"round {round_no + 1} {way:<14} {cpu[way][-1]:.3f} µs a message "
+                    f"(round {wall:.2f} s)",
+                    flush=True,
+                )
     finally:
         await client.aclose()
     return cpu
@@ -151,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         print("redis-server not found: give --server", file=sys.stderr)
         return 2
     print(servers.server_version(path))
+    print(
+        f"{args.rounds} rounds of {args.batches:,} writes of {args.batch} messages of {args.size} B"
+    )
     with servers.redis_server(path) as url:
         cpu = asyncio.run(measure(url, args.batch, args.batches, args.size, args.rounds))
     print(

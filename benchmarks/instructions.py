@@ -1,18 +1,21 @@
 """Instructions a message: the client's own work on a path, counted, not timed.
 
 On a shared, noisy 2-core machine a 5 % change of the client's CPU is lost
-in the run-to-run spread of msgs/s. The number of instructions the client
-process executes is not: valgrind's callgrind counts them exactly (its total
-``Ir``), whatever else runs on the machine. Its count a message repeats to
-within a few in ten thousand on some paths (500 callers: 31,527 to 31,531
-in three runs) and to within half a percent on others (``publish_many`` of
-100: 13,473 to 13,543): a smaller difference is not a change. So each path
-runs twice in a fresh interpreter under callgrind, with ``--small`` and
-with ``--large`` messages, against a native ``redis-server`` (started here:
-a free port, a temporary directory, nothing saved); the difference of the
-two counts over the difference of the message counts is the instructions
-one message costs, start-up and shut-down cancelled out. The server is not
-counted.
+in the run-to-run spread of msgs/s. The instructions the client process
+executes are not: valgrind's callgrind counts them exactly (its total
+``Ir``), and other load does not add to them. What the client does can still
+depend on timing (how a call's chunks or a read's entries fall), so counts of
+the same code repeat to within a few in ten thousand on some paths (500
+callers: 31,527 to 31,531 in three runs), to about 0.5 % for
+``publish_many`` of 100 (13,473 to 13,543) and ~1.5 % for ``consume``: a
+smaller difference is not a change.
+
+Each path runs twice in a fresh interpreter under callgrind, with
+``--small`` and with ``--large`` messages, against a native
+``redis-server`` (started here: a free port, a temporary directory, nothing
+saved); the difference of the two counts over the difference of the message
+counts is the instructions one message costs, start-up and shut-down
+cancelled out. The server is not counted.
 
 Paths (100-byte messages, a 16-partition topic):
 
