@@ -27,6 +27,11 @@ CPU (``INFO cpu``, user and system) before and after each round:
   pipeline a batch: plain commands that run together or not at all (no
   rollback: a missing stream makes each ``XADD NOMKSTREAM`` answer nil).
 
+Last, with no server, it times the client's Python a message for a write
+sent the first way (``pack_data``, the ids split from one reply) and the
+last (``MULTI``'s commands written as RESP by hand, its replies read with
+hiredis): what the client would pay for what Redis would save.
+
 Each round checks that the stream holds every message it wrote, and prints
 its wall time too: the CPU window also holds what redis-server does while
 idle (its cron), more for the slower ways.
@@ -50,6 +55,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import hiredis
 from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -166,6 +172,62 @@ async def measure(
     return cpu
 
 
+def client_costs(batch: int, size: int, repeat: int = 2000, rounds: int = 7) -> dict[str, float]:
+    """Microseconds of the client's Python a message, with no server, for the two
+    ways a write could go: streamsub's (``pack_data``, the reply's ids split
+    from one string) and ``MULTI``/``EXEC`` (each ``XADD NOMKSTREAM`` written as
+    RESP by hand, the ``MULTI``'s, ``QUEUED``s' and ``EXEC``'s replies read
+    with hiredis, as a client without redis-py's pipeline would)."""
+    datas = [bytes([65 + i % 26]) * size for i in range(batch)]
+    sizes = [size] * batch
+    key = b"ss:{bench.3}"
+    head = b"*6\r\n$4\r\nXADD\r\n$%d\r\n%s\r\n$10\r\nNOMKSTREAM\r\n$1\r\n*\r\n$1\r\nd\r\n" % (
+        len(key),
+        key,
+    )
+    ids = [b"1765152000000-%d" % i for i in range(batch)]
+    script_reply = b" ".join(ids)
+    multi_reply = b"".join(
+        (
+            b"+OK\r\n",
+            b"+QUEUED\r\n" * batch,
+            b"*%d\r\n" % batch,
+            *(b"$%d\r\n%s\r\n" % (len(i), i) for i in ids),
+        )
+    )
+
+    def write_multi() -> bytes:
+        parts = [b"*1\r\n$5\r\nMULTI\r\n"]
+        for data in datas:
+            parts += (head, b"$%d\r\n" % len(data), data, b"\r\n")
+        parts.append(b"*1\r\n$4\r\nEXEC\r\n")
+        return b"".join(parts)
+
+    def read_multi() -> list[str]:
+        reader = hiredis.Reader()
+        reader.feed(multi_reply)
+        for _ in range(batch + 1):  # +OK, then a +QUEUED a message
+            reader.gets()
+        return [entry_id.decode() for entry_id in reader.gets()]
+
+    steps: dict[str, Callable[[], object]] = {
+        "streamsub: pack_data": lambda: pack_data(datas, sizes),
+        "streamsub: split the ids": lambda: script_reply.decode().split(),
+        "MULTI: write the commands": write_multi,
+        "MULTI: read the replies": read_multi,
+    }
+    costs = {}
+    for name, step in steps.items():
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(repeat):
+                step()
+            times.append((time.perf_counter() - started) * 1e6 / (repeat * batch))
+        costs[name] = statistics.median(times)
+    return costs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", help="redis-server (or valkey-server) to run; default: PATH's")
@@ -193,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(cpu[way])
         spread = ", ".join(f"{value:.2f}" for value in cpu[way])
         print(f"  {way:<14} {median:.2f}  ({median / floor:.2f}x pipelined; rounds {spread})")
+    print("\nthe client's Python a message (µs), no server, medians of 7 rounds:")
+    for name, cost in client_costs(args.batch, args.size).items():
+        print(f"  {name:<26} {cost:.3f}")
     return 0
 
 
