@@ -80,13 +80,7 @@ for i = 1, tonumber(ARGV[1]) do ids[i] = redis.call('EXISTS', KEYS[1]) end
 return #ids
 """
 
-WAYS = ("append", "append-linked", "append-evalsha", "lua-xadd", "lua-call", "pipelined", "multi")
 WRITES_NOTHING = {"lua-call"}
-
-
-async def _server_cpu(client: Redis) -> float:
-    info = await client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def measure(
@@ -142,20 +136,20 @@ async def measure(
         "pipelined": pipelined,
         "multi": multi,
     }
-    cpu: dict[str, list[float]] = {way: [] for way in WAYS}
+    cpu: dict[str, list[float]] = {way: [] for way in write}
     try:
         for round_no in range(rounds):
-            order = list(WAYS) if round_no % 2 == 0 else list(reversed(WAYS))
+            order = list(write) if round_no % 2 == 0 else list(reversed(write))
             for way in order:
                 await client.delete(STREAM, LINK)
                 await client.xadd(STREAM, {"d": b"first"})
                 written = 0
-                before = await _server_cpu(client)
+                before = await servers.cpu_seconds(client)
                 started = time.perf_counter()
                 for _ in range(batches):
                     await write[way]()
                 wall = time.perf_counter() - started
-                after = await _server_cpu(client)
+                after = await servers.cpu_seconds(client)
                 stored = await client.xlen(STREAM)
                 expected = 1 + (0 if way in WRITES_NOTHING else batch * batches)
                 if stored != expected:
@@ -251,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batches:,} writes of {args.batch}:"
     )
     floor = statistics.median(cpu["pipelined"])
-    for way in WAYS:
-        median = statistics.median(cpu[way])
-        spread = ", ".join(f"{value:.2f}" for value in cpu[way])
+    for way, values in cpu.items():
+        median = statistics.median(values)
+        spread = ", ".join(f"{value:.2f}" for value in values)
         print(f"  {way:<14} {median:.2f}  ({median / floor:.2f}x pipelined; rounds {spread})")
     print("\nthe client's Python a message (µs), no server, medians of 7 rounds:")
     for name, cost in client_costs(args.batch, args.size).items():

@@ -41,11 +41,6 @@ from impls import instantiate, load_available  # noqa: E402
 from impls.base import Env, Implementation  # noqa: E402
 
 
-async def _server_cpu(client: Redis) -> float:
-    info = await client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
 async def one_round(
     impl: Implementation, url: str, n: int, size: int, timeout: float
 ) -> tuple[dict[str, float], float, float]:
@@ -57,10 +52,10 @@ async def one_round(
     client = Redis.from_url(url)
     try:
         await client.config_resetstat()
-        cpu_before = await _server_cpu(client)
+        cpu_before = await servers.cpu_seconds(client)
         result = await impl.end_to_end(n, size, timeout)
         stats = await client.info("commandstats")
-        cpu = await _server_cpu(client) - cpu_before
+        cpu = await servers.cpu_seconds(client) - cpu_before
     finally:
         await client.aclose()
     per_command = {

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import redis
+import redis.asyncio
 
 HOST = "127.0.0.1"
 
@@ -63,6 +64,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def server_version(binary: str) -> str:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
     return (out.stdout or out.stderr).strip()
+
+
+async def cpu_seconds(client: redis.asyncio.Redis) -> float:
+    """Seconds of CPU the server of ``client`` has used, user and system (``INFO cpu``)."""
+    info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 @contextlib.contextmanager
